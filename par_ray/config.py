@@ -1,0 +1,300 @@
+"""Typed, frozen configuration of one PAR trial.
+
+A trial is fully described by a :class:`TrialConfig`: the task, the backbone, the recipe (the PAR method and its
+ablations), the optimisation and the evaluation protocol. Every component receives only its own sub-config.
+
+Configs validate themselves: :meth:`TrialConfig.validate` collects *every* problem into one ``ValueError`` that names
+each field and its allowed values (litgpt ``validate_args``; torchtitan ``Trainer.Config.__post_init__``). Flattening
+to a ``{"section.field": value}`` dict happens only here, at the Tune / MLflow boundary (:func:`to_flat`,
+:func:`from_flat`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field, fields, replace
+
+TASK_NAMES = ("swap_s5", "s5", "a5")
+TARGETS = ("progress", "final")
+DEPTH_SCHEDULES = ("forced", "hold")
+STRATEGIES = ("ddp", "fsdp", "deepspeed")
+ZERO_STAGES = (1, 2, 3)
+POSITION_SCHEMES = ("rope", "none")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Which state-tracking task, and the depths trained on (paper §4, task suite)."""
+
+    name: str = "swap_s5"
+    """Task family, one of ``TASK_NAMES``."""
+    train_depth: int = 8
+    """d_train: the largest depth (number of operations in the prompt) trained on."""
+    min_train_depth: int = 1
+    """Smallest depth sampled during training."""
+
+
+@dataclass(frozen=True)
+class BackboneConfig:
+    """The parent decoder and how its layers are split into prelude / core / coda (paper §3.1)."""
+
+    name: str = "tiny-qwen2"
+    """A key of ``par_ray.model.backbones.BACKBONES``."""
+    pretrained: str | None = None
+    """``None``: random init from the config. Otherwise a local directory (or hub name) for ``from_pretrained``."""
+    split: tuple[int, int, int] | None = None
+    """(prelude, core, coda) layer counts summing to the parent's layer count; ``None`` = thirds."""
+    position_scheme: str = "rope"
+    """``rope``: the parent's rotary embedding. ``none``: no positional encoding (NoPE), random-init shapes only."""
+
+
+@dataclass(frozen=True)
+class RecipeConfig:
+    """The PAR method and the knobs its ablations turn (paper §3). Named presets live in ``par_ray.recipes``."""
+
+    name: str = "par"
+    """Label of the recipe this config came from (a tag for analysis; behaviour comes from the fields below)."""
+    targets: str = "progress"
+    """``progress``: iteration k predicts z_min(ck, d) (PAR, Eq. 3). ``final``: every iteration predicts z_d."""
+    anchoring: bool = True
+    """RMS norm anchoring: rescale each token's state to its first-iteration RMS after every iteration (§3.3)."""
+    tied: bool = True
+    """Weight-tied core (looped). ``False``: R distinct copies of the core (the deeper-model baseline)."""
+    ops_per_iteration: int = 1
+    """c: operations consumed per iteration, so R = ceil(d / c)."""
+    depth_schedule: str = "forced"
+    """``forced``: R = ceil(d / c). ``hold``: R = 1 + Poisson(hold_lambda); iterations past d / c keep z_d."""
+    hold_lambda: float = 8.0
+    """lambda of the hold schedule's Poisson draw."""
+    grad_window: int = 8
+    """Gradient window: only the last ``grad_window`` iterations are run with autograd and supervised."""
+    max_iterations: int = 64
+    """Cap on R during training (the hold schedule's tail, untied copies)."""
+    stretch_max: float = 1.0
+    """Positional stretch: position ids are multiplied by s ~ U[1, stretch_max] per step (1.0 = off)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation, parallelism and bookkeeping of one trial."""
+
+    steps: int = 3000
+    """Optimizer steps."""
+    batch_size: int = 64
+    """Global batch size (sequences per step, summed over workers)."""
+    lr: float = 1e-3
+    """Peak AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 100
+    """Linear warm-up steps, then cosine decay to 10 % of ``lr``."""
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 = off)."""
+    seed: int = 0
+    """Seeds the model init, the data streams and the per-step schedule."""
+    strategy: str = "ddp"
+    """Data-parallel wrapping, one of ``STRATEGIES``."""
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage (``strategy="deepspeed"`` only)."""
+    zero_offload: bool = False
+    """DeepSpeed ZeRO-Offload of optimizer state to CPU."""
+    num_workers: int = 1
+    """Ray Train workers (one process per GPU on a GPU cluster)."""
+    use_gpu: bool = False
+    """Run workers on GPUs (bf16 autocast, NCCL); ``False``: CPU, float32, gloo."""
+    threads_per_worker: int = 0
+    """torch intra-op threads per worker (0 = leave torch's default)."""
+    eval_every: int = 500
+    """Evaluate accuracy by depth every this many steps (and at the end)."""
+    report_every: int = 50
+    """Report training metrics every this many steps."""
+    checkpoint_every: int = 500
+    """Checkpoint every this many steps (and at the end); 0 = only at the end."""
+    fail_at_step: int = -1
+    """Fault injection for tests: worker rank 0 dies once when reaching this step (-1 = off)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Extrapolation protocol: accuracy at each test depth with R = ceil(d / c) (paper §4.2)."""
+
+    depths: tuple[int, ...] = (8, 16, 32, 64)
+    """Test depths; every one must be >= the train depth."""
+    num_sequences: int = 256
+    """Sequences per test depth (the paper uses 1,024)."""
+    batch_size: int = 256
+    """Sequences per evaluation forward pass."""
+    seed: int = 10_000
+    """Seed of the test sets (disjoint from training streams, which use the trial seed)."""
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """One trial: everything needed to train and evaluate one looped model."""
+
+    task: TaskConfig = field(default_factory=TaskConfig)
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def validate(self) -> "TrialConfig":
+        """Check every field; raise one ``ValueError`` listing all problems (field, value, allowed). Returns self."""
+        errors = config_errors(self)
+        if errors:
+            raise ValueError("invalid trial config:\n  - " + "\n  - ".join(errors))
+        return self
+
+
+def config_errors(cfg: TrialConfig) -> list[str]:
+    """All problems of ``cfg`` as ``"field: message"`` strings (empty when valid)."""
+    from par_ray.model.backbones import BACKBONES  # local: keeps config importable without torch at import time
+
+    t, b, r, tr, ev = cfg.task, cfg.backbone, cfg.recipe, cfg.train, cfg.eval
+    errs: list[str] = []
+
+    def check(ok: bool, name: str, msg: str) -> None:
+        if not ok:
+            errs.append(f"{name}: {msg}")
+
+    check(t.name in TASK_NAMES, "task.name", f"{t.name!r} is not one of {list(TASK_NAMES)}")
+    check(t.train_depth >= 1, "task.train_depth", f"must be >= 1, got {t.train_depth}")
+    check(1 <= t.min_train_depth <= max(t.train_depth, 1), "task.min_train_depth",
+          f"must be in [1, task.train_depth={t.train_depth}], got {t.min_train_depth}")
+
+    check(b.name in BACKBONES, "backbone.name", f"{b.name!r} is not one of {sorted(BACKBONES)}")
+    check(b.position_scheme in POSITION_SCHEMES, "backbone.position_scheme",
+          f"{b.position_scheme!r} is not one of {list(POSITION_SCHEMES)}")
+    if b.split is not None:
+        if len(b.split) != 3 or any(not isinstance(n, int) for n in b.split):
+            errs.append(f"backbone.split: must be three integers (prelude, core, coda), got {b.split!r}")
+        elif b.name in BACKBONES:
+            n_layers = BACKBONES[b.name].num_hidden_layers
+            if sum(b.split) != n_layers or min(b.split) < 0 or b.split[1] < 1:
+                errs.append(f"backbone.split: {tuple(b.split)} must be non-negative with core >= 1 and sum to "
+                            f"{b.name}'s {n_layers} layers")
+
+    check(r.targets in TARGETS, "recipe.targets", f"{r.targets!r} is not one of {list(TARGETS)}")
+    check(r.depth_schedule in DEPTH_SCHEDULES, "recipe.depth_schedule",
+          f"{r.depth_schedule!r} is not one of {list(DEPTH_SCHEDULES)}")
+    check(r.ops_per_iteration >= 1, "recipe.ops_per_iteration", f"must be >= 1, got {r.ops_per_iteration}")
+    check(r.grad_window >= 1, "recipe.grad_window", f"must be >= 1, got {r.grad_window}")
+    check(r.hold_lambda >= 0, "recipe.hold_lambda", f"must be >= 0, got {r.hold_lambda}")
+    check(r.stretch_max >= 1.0, "recipe.stretch_max", f"must be >= 1.0 (1.0 = off), got {r.stretch_max}")
+    min_r = -(-t.train_depth // max(r.ops_per_iteration, 1))
+    check(r.max_iterations >= min_r, "recipe.max_iterations",
+          f"must be >= ceil(task.train_depth / recipe.ops_per_iteration) = {min_r}, got {r.max_iterations}")
+
+    check(tr.steps >= 1, "train.steps", f"must be >= 1, got {tr.steps}")
+    check(tr.batch_size >= 1, "train.batch_size", f"must be >= 1, got {tr.batch_size}")
+    check(tr.num_workers >= 1, "train.num_workers", f"must be >= 1, got {tr.num_workers}")
+    check(tr.batch_size % max(tr.num_workers, 1) == 0, "train.batch_size",
+          f"{tr.batch_size} must be divisible by train.num_workers={tr.num_workers}")
+    check(tr.lr > 0, "train.lr", f"must be > 0, got {tr.lr}")
+    check(tr.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {tr.weight_decay}")
+    check(tr.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {tr.warmup_steps}")
+    check(tr.grad_clip >= 0, "train.grad_clip", f"must be >= 0, got {tr.grad_clip}")
+    check(tr.strategy in STRATEGIES, "train.strategy", f"{tr.strategy!r} is not one of {list(STRATEGIES)}")
+    check(tr.zero_stage in ZERO_STAGES, "train.zero_stage", f"{tr.zero_stage!r} is not one of {list(ZERO_STAGES)}")
+    check(tr.threads_per_worker >= 0, "train.threads_per_worker", f"must be >= 0, got {tr.threads_per_worker}")
+    for name in ("eval_every", "report_every"):
+        check(getattr(tr, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(tr, name)}")
+    check(tr.checkpoint_every >= 0, "train.checkpoint_every", f"must be >= 0, got {tr.checkpoint_every}")
+
+    if not ev.depths or any(not isinstance(d, int) or d < 1 for d in ev.depths):
+        errs.append(f"eval.depths: must be a non-empty list of positive integers, got {ev.depths!r}")
+    else:
+        low = [d for d in ev.depths if d < t.train_depth]
+        check(not low, "eval.depths", f"{low} are below task.train_depth={t.train_depth}; test depths must be >= it")
+        check(list(ev.depths) == sorted(set(ev.depths)), "eval.depths",
+              f"must be strictly increasing, got {list(ev.depths)}")
+    check(ev.num_sequences >= 1, "eval.num_sequences", f"must be >= 1, got {ev.num_sequences}")
+    check(ev.batch_size >= 1, "eval.batch_size", f"must be >= 1, got {ev.batch_size}")
+    return errs
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Flat dict boundary (Ray Tune param_space, MLflow params)
+
+_SECTIONS = {f.name: f.type for f in fields(TrialConfig)}
+
+
+def to_flat(cfg: TrialConfig) -> dict[str, typing.Any]:
+    """``{"task.name": "swap_s5", ..., "eval.depths": "8,16,32,64"}``: scalars only, tuples joined by commas."""
+    flat: dict[str, typing.Any] = {}
+    for section in fields(cfg):
+        sub = getattr(cfg, section.name)
+        for f in fields(sub):
+            value = getattr(sub, f.name)
+            if isinstance(value, tuple):
+                value = ",".join(str(v) for v in value)
+            flat[f"{section.name}.{f.name}"] = value
+    return flat
+
+
+def from_flat(flat: typing.Mapping[str, typing.Any], base: TrialConfig | None = None) -> TrialConfig:
+    """Inverse of :func:`to_flat`, applied as overrides on ``base`` (default: ``TrialConfig()``).
+
+    Values may be strings (as MLflow returns them); they are converted to each field's declared type.
+    Raises ``ValueError`` naming unknown keys or values that do not convert; does *not* validate ranges
+    (call ``.validate()``).
+    """
+    cfg = base or TrialConfig()
+    updates: dict[str, dict[str, typing.Any]] = {}
+    errs: list[str] = []
+    for key, raw in flat.items():
+        section, _, name = key.partition(".")
+        sub = getattr(cfg, section, None) if section in _SECTIONS else None
+        hints = typing.get_type_hints(type(sub)) if sub is not None else {}
+        if name not in hints:
+            errs.append(f"{key}: unknown config field (sections: {list(_SECTIONS)})")
+            continue
+        try:
+            updates.setdefault(section, {})[name] = _convert(raw, hints[name])
+        except (TypeError, ValueError) as e:
+            errs.append(f"{key}: cannot read {raw!r} as {hints[name]} ({e})")
+    if errs:
+        raise ValueError("invalid trial config:\n  - " + "\n  - ".join(errs))
+    return replace(cfg, **{s: replace(getattr(cfg, s), **u) for s, u in updates.items()})
+
+
+def _convert(raw: typing.Any, hint: typing.Any) -> typing.Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):  # X | None
+        if raw is None or raw == "None" or raw == "":
+            return None
+        return _convert(raw, next(a for a in args if a is not type(None)))
+    if origin is tuple:
+        elem = args[0]
+        if isinstance(raw, str):
+            items = [x.strip() for x in raw.split(",")]
+            if any(x == "" for x in items):
+                raise ValueError("empty element in comma-separated list")
+        else:
+            items = list(raw)
+        return tuple(_convert(x, elem) for x in items)
+    if hint is bool:
+        if isinstance(raw, str):
+            if raw.lower() in ("true", "1", "yes"):
+                return True
+            if raw.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError("expected true/false")
+        return bool(raw)
+    if hint is int:
+        if isinstance(raw, float) and not raw.is_integer():
+            raise ValueError("expected an integer")
+        if isinstance(raw, str):
+            return int(raw.strip())
+        return int(raw)
+    if hint is float:
+        return float(raw)
+    if hint is str:
+        return str(raw)
+    raise TypeError(f"unsupported field type {hint}")
+
+
+def with_overrides(cfg: TrialConfig, **sections: dict[str, typing.Any]) -> TrialConfig:
+    """``with_overrides(cfg, recipe={"anchoring": False})``: a copy with fields of named sections replaced."""
+    return replace(cfg, **{s: dataclasses.replace(getattr(cfg, s), **u) for s, u in sections.items()})
