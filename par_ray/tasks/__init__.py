@@ -1,0 +1,22 @@
+"""The state-tracking task suite: a plain registry from task name to :class:`Task` instance.
+
+Follows the PAR paper's task suite (S5 / A5 word problems, swap-S5). ``common.py`` holds the thin base; each family
+has its own module.
+"""
+
+from __future__ import annotations
+
+from par_ray.tasks.common import Episode, Task
+from par_ray.tasks.permutations import A5, S5, SWAP_S5
+
+TASKS: dict[str, Task] = {task.name: task for task in (SWAP_S5, S5, A5)}
+
+
+def get_task(name: str) -> Task:
+    """The task registered as ``name``. Raises ``ValueError`` listing the known names if there is none."""
+    if name not in TASKS:
+        raise ValueError(f"task.name: {name!r} is not one of {list(TASKS)}")
+    return TASKS[name]
+
+
+__all__ = ["TASKS", "Episode", "Task", "get_task"]

@@ -1,0 +1,94 @@
+"""Thin base of the task suite: the :class:`Episode` batch, the :class:`Task` interface and the seeding helper.
+
+Follows karpathy/nanochat ``tasks/common.py``: a small base here, one module per task family beside it. Every task
+samples from a generator built by :func:`make_rng`, so a batch is a pure function of (task name, depth, n, seed,
+step) and any two distinct (depth, seed, step) draw from independent streams.
+
+Tensor suffixes: B batch (rows), T sequence length, Q queries per sequence, d depth (operations in the prompt).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+BOS_ID = 0
+"""Token id of the beginning-of-sequence marker, shared by every task."""
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A batch of prompts with the answer after every prefix of operations.
+
+    ``states[:, k-1, q]`` is the answer token of query ``q`` after the first ``k`` operations (k = 1..d), so
+    ``states[:, -1, :]`` are the answers the prompt asks for and earlier slices are the PAR progress targets.
+    """
+
+    input_ids: torch.Tensor
+    """(B, T) int64 token ids."""
+    read_positions: torch.Tensor
+    """(Q,) int64 positions in the sequence where answers are read (the same for every row)."""
+    states: torch.Tensor
+    """(B, d, Q) int64 answer token ids after every prefix of operations."""
+    depth: int
+    """d, the number of operations in the prompt."""
+
+
+def stable_hash(text: str) -> int:
+    """CRC-32 of ``text`` (UTF-8): an unsigned 32-bit int that, unlike ``hash()``, is the same in every process."""
+    return zlib.crc32(text.encode("utf-8"))
+
+
+def make_rng(name: str, depth: int, seed: int, step: int) -> np.random.Generator:
+    """PCG64 generator seeded from ``SeedSequence([stable_hash(name), depth, seed, step])``.
+
+    Distinct (name, depth, seed, step) give distinct entropy, hence independent streams; the depth is part of the
+    key so that depth 8's stream is not a prefix of depth 9's. Arguments must be non-negative ints.
+    """
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([stable_hash(name), depth, seed, step])))
+
+
+class Task:
+    """A sequential state-tracking task: a vocabulary, chance levels and a sampler of :class:`Episode` batches.
+
+    Subclasses set the attributes below and implement :meth:`generate`; :meth:`sample` validates the arguments and
+    seeds the generator, so every family shares one seeding rule.
+    """
+
+    name: str
+    """Registry key, also part of the random-stream key."""
+    vocab_size: int
+    """Number of token ids the task uses (ids are 0..vocab_size-1); models use this as their vocabulary."""
+    num_queries: int
+    """Q, answers read per sequence."""
+    chance: float
+    """Per-query accuracy of guessing."""
+    full_state_chance: float
+    """Probability of getting all Q answers right by guessing a valid state."""
+    answer_token_ids: tuple[int, ...]
+    """Token ids that can be answers."""
+
+    def sample(self, depth: int, n: int, seed: int, step: int = 0) -> Episode:
+        """Draw ``n`` sequences of ``depth`` operations; a pure function of (name, depth, n, seed, step).
+
+        Returns an :class:`Episode` with input_ids (n, T), read_positions (Q,), states (n, depth, Q).
+        Raises ``ValueError`` naming every bad argument: depth < 1, n < 1, seed < 0 or step < 0.
+        """
+        problems = [
+            f"{arg}: {value!r} must be an int >= {low}"
+            for arg, value, low in (("depth", depth, 1), ("n", n, 1), ("seed", seed, 0), ("step", step, 0))
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low
+        ]
+        if problems:
+            raise ValueError(f"{self.name}.sample: " + "; ".join(problems))
+        return self.generate(make_rng(self.name, int(depth), int(seed), int(step)), int(depth), int(n))
+
+    def generate(self, rng: np.random.Generator, depth: int, n: int) -> Episode:
+        """Draw the batch from ``rng`` (arguments already validated). Implemented by each family."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, vocab_size={self.vocab_size}, num_queries={self.num_queries})"

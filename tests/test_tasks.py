@@ -1,0 +1,165 @@
+"""Tests of par_ray.tasks: each family against an independent reference (5×5 permutation matrices composed in a
+plain loop), determinism and stream independence, token layout, move sets, parity and chance levels."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from par_ray.tasks import TASKS, Episode, Task, get_task
+
+NAMES = ("swap_s5", "s5", "a5")
+
+
+def permutation_matrix(perm):
+    """P with P[p, perm[p]] = 1, so that (P @ S)[p] = S[perm[p]]: the row of position p moves to position p."""
+    matrix = [[0] * 5 for _ in range(5)]
+    for p, src in enumerate(perm):
+        matrix[p][src] = 1
+    return matrix
+
+
+def matmul(a, b):
+    return [[sum(a[i][k] * b[k][j] for k in range(5)) for j in range(5)] for i in range(5)]
+
+
+def determinant(m):
+    """Laplace expansion; ±1 on permutation matrices (sign of the permutation)."""
+    if len(m) == 1:
+        return m[0][0]
+    return sum((-1) ** j * m[0][j] * determinant([row[:j] + row[j + 1 :] for row in m[1:]]) for j in range(len(m)))
+
+
+def reference_moves(name):
+    """The canonical move lists, rebuilt here from the spec: matrices in token order."""
+    if name == "swap_s5":
+        perms = [tuple(range(5))]
+        for i, j in itertools.combinations(range(5), 2):
+            p = list(range(5))
+            p[j], p[i] = i, j
+            perms.append(tuple(p))
+    else:
+        perms = list(itertools.permutations(range(5)))
+    matrices = [permutation_matrix(p) for p in perms]
+    if name == "a5":
+        matrices = [m for m in matrices if determinant(m) == 1]
+    return matrices
+
+
+def reference_states(task, episode, row):
+    """Full 5×5 one-hot state (S[position][object]) after every prefix of one row, by matrix composition."""
+    moves = reference_moves(task.name)
+    state = [[int(p == o) for o in range(5)] for p in range(5)]
+    out = []
+    for k in range(episode.depth):
+        token = int(episode.input_ids[row, 1 + k])
+        state = matmul(moves[task.move_token_ids.index(token)], state)
+        out.append(state)
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_states_match_reference(name):
+    task = TASKS[name]
+    episode = task.sample(depth=12, n=4, seed=3, step=5)
+    for row in range(4):
+        for k, state in enumerate(reference_states(task, episode, row)):
+            for q, position in enumerate(task.query_positions):
+                obj = state[position].index(1)
+                assert int(episode.states[row, k, q]) == task.answer_token_ids[obj], (row, k, q)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_layout_shapes_and_dtypes(name):
+    task = TASKS[name]
+    d, n = 7, 16
+    episode = task.sample(depth=d, n=n, seed=0)
+    q = task.num_queries
+    assert isinstance(episode, Episode) and isinstance(task, Task) and episode.depth == d
+    assert episode.input_ids.shape == (n, d + 2 + q) and episode.input_ids.dtype == torch.int64
+    assert episode.states.shape == (n, d, q) and episode.states.dtype == torch.int64
+    assert episode.read_positions.dtype == torch.int64
+    assert episode.read_positions.tolist() == list(range(d + 2, d + 2 + q))
+    ids = episode.input_ids
+    assert (ids[:, 0] == 0).all() and (ids[:, d + 1] == 1).all()
+    assert (ids[:, episode.read_positions] == torch.tensor(task.query_token_ids)).all()
+    assert torch.isin(ids[:, 1 : d + 1], torch.tensor(task.move_token_ids)).all()
+    assert 0 <= int(ids.min()) and int(ids.max()) < task.vocab_size
+    assert torch.isin(episode.states, torch.tensor(task.answer_token_ids)).all()
+    assert max(task.answer_token_ids) < task.vocab_size and len(task.answer_token_ids) == 5
+    roles = [{0, 1}, set(task.answer_token_ids), set(task.query_token_ids), set(task.move_token_ids)]
+    assert sum(map(len, roles)) == len(set().union(*roles)) == task.vocab_size
+
+
+def test_move_sets():
+    swap = TASKS["swap_s5"]
+    fixed_points = sorted(sum(p == m for p, m in enumerate(move)) for move in swap.moves)
+    assert fixed_points == [3] * 10 + [5]  # 10 transpositions and the identity
+    assert len(set(swap.moves)) == 11 and swap.vocab_size == 23
+    assert len(set(TASKS["s5"].moves)) == 120 and TASKS["s5"].vocab_size == 128
+    assert len(set(TASKS["a5"].moves)) == 60 and TASKS["a5"].vocab_size == 68
+    assert all(determinant(permutation_matrix(m)) == 1 for m in TASKS["a5"].moves)
+    for name in NAMES:  # every move symbol is drawn
+        drawn = TASKS[name].sample(depth=4, n=512, seed=0).input_ids[:, 1:5].unique()
+        assert drawn.tolist() == list(TASKS[name].move_token_ids)
+
+
+def test_parity():
+    a5 = TASKS["a5"]
+    episode = a5.sample(depth=9, n=3, seed=1)
+    for row in range(3):
+        assert all(determinant(s) == 1 for s in reference_states(a5, episode, row))
+    # swap_s5 shows the full state; thanks to the identity move, both parities occur at a fixed depth.
+    states = TASKS["swap_s5"].sample(depth=6, n=256, seed=0).states[:, -1, :] - 2
+    assert (states.sort(dim=1).values == torch.arange(5)).all()
+    signs = {determinant(permutation_matrix(s)) for s in states.tolist()}
+    assert signs == {1, -1}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_determinism_and_independent_streams(name):
+    task = TASKS[name]
+    a, b = task.sample(depth=8, n=64, seed=0, step=2), get_task(name).sample(depth=8, n=64, seed=0, step=2)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.states, b.states)
+    ops = lambda ep: ep.input_ids[:, 1 : ep.depth + 1]  # noqa: E731
+    others = [
+        task.sample(depth=8, n=64, seed=1, step=2),
+        task.sample(depth=8, n=64, seed=0, step=3),
+        task.sample(depth=8, n=64, seed=0),
+    ]
+    for other in others:
+        assert not torch.equal(ops(a)[:, 0], ops(other)[:, 0])
+    deeper = task.sample(depth=9, n=64, seed=0, step=2)
+    assert not torch.equal(ops(deeper)[:, :8], ops(a)) and not torch.equal(ops(deeper)[:, 0], ops(a)[:, 0])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_chance_levels(name):
+    task = TASKS[name]
+    assert task.chance == pytest.approx(0.2)
+    assert task.full_state_chance == pytest.approx(1 / 120 if name == "swap_s5" else 0.2)
+    finals = task.sample(depth=32, n=2048, seed=0).states[:, -1, :]
+    for q in range(task.num_queries):
+        freq = torch.bincount(finals[:, q] - 2, minlength=5).double() / len(finals)
+        assert (freq - task.chance).abs().max() < 0.04
+    if name == "swap_s5":
+        assert len({tuple(r) for r in finals.tolist()}) == 120
+
+
+@pytest.mark.parametrize(
+    "kwargs, arg",
+    [({"depth": 0, "n": 1}, "depth"), ({"depth": 1, "n": 0}, "n"), ({"depth": 1, "n": 1, "seed": -1}, "seed")],
+)
+def test_sample_errors(kwargs, arg):
+    kwargs.setdefault("seed", 0)
+    with pytest.raises(ValueError, match=f"{arg}:"):
+        TASKS["s5"].sample(**kwargs)
+
+
+def test_registry():
+    assert list(TASKS) == list(NAMES) and all(TASKS[n].name == n for n in NAMES)
+    with pytest.raises(ValueError, match=r"task.name: 'x' is not one of \['swap_s5', 's5', 'a5'\]"):
+        get_task("x")
