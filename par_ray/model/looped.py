@@ -1,0 +1,227 @@
+"""LoopedLM: a pretrained decoder retrofitted into prelude → weight-tied core (iterated R times) → coda.
+
+Progress-Aligned Recurrence (PAR), paper §3:
+
+    e    = prelude(x)                                  run once
+    s_0  = e
+    s_k  = core(W · [e ; s_{k-1}])          k = 1..R    W ∈ R^{h×2h}, initialised W = [0 | I]  (Eq. 1)
+    s_k ← s_k · rms(s_1).detach() / rms(s_k)            RMS norm anchoring, per token            (§3.3)
+    y_k  = lm_head(norm(coda(s_k)))[read positions]     readout after any iteration k
+
+With ``W = [0 | I]`` and ``s_0 = e``, one iteration computes core(prelude(x)) and the readout coda(·) — exactly the
+parent model's forward pass (``tests/test_looped.py`` asserts this in float32).
+
+The parent's layers are reused, never restated: they are called through ``backbones.run_decoder_layer``. Model code
+never mentions DDP, FSDP or DeepSpeed (STYLE rule 10); wrapping lives in ``par_ray/train/strategies.py``.
+
+Tensor suffixes: B batch, T tokens, H hidden size, Q read positions (queries), V vocabulary, K iterations read out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from par_ray.model.backbones import causal_mask, run_decoder_layer
+
+
+def default_split(num_layers: int) -> tuple[int, int, int]:
+    """(prelude, core, coda) in thirds; the remainder goes to the core first, then the coda (24 → 8/8/8)."""
+    third, rest = divmod(num_layers, 3)
+    return third, third + (1 if rest >= 1 else 0), third + (1 if rest >= 2 else 0)
+
+
+def validate_split(split: tuple[int, int, int], num_layers: int) -> tuple[int, int, int]:
+    """``split`` if it is three non-negative ints with core >= 1 summing to ``num_layers``; else ``ValueError``."""
+    ok = len(split) == 3 and all(isinstance(n, int) and n >= 0 for n in split) and split[1] >= 1
+    if not ok or sum(split) != num_layers:
+        raise ValueError(f"backbone.split: {tuple(split)} must be three non-negative integers (prelude, core, coda) "
+                         f"with core >= 1 summing to the parent's {num_layers} layers")
+    return tuple(split)
+
+
+def token_rms(x_BTH: torch.Tensor) -> torch.Tensor:
+    """Root mean square over the hidden dimension: (B, T, H) -> (B, T, 1), computed in float32."""
+    return x_BTH.float().pow(2).mean(-1, keepdim=True).sqrt()
+
+
+@dataclass
+class LoopedOutput:
+    """What :meth:`LoopedLM.iterate` returns."""
+
+    logits_KBQV: torch.Tensor
+    """Readout logits of the iterations listed in ``iterations``: (K, B, Q, V)."""
+    iterations: list[int]
+    """1-based iteration index k of each row of ``logits_KBQV``."""
+    state_rms_R: torch.Tensor
+    """Mean (over batch and tokens) RMS of the state after each iteration 1..R, (R,), detached: shows drift."""
+
+
+class LoopedLM(nn.Module):
+    """A parent causal LM split into prelude / core / coda with an adapter and optional RMS anchoring.
+
+    Args:
+        parent: a transformers ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` (its modules are reused, not copied,
+            except the untied core copies).
+        split: (prelude, core, coda) layer counts; ``None`` = :func:`default_split`.
+        anchoring: RMS norm anchoring after every iteration (§3.3).
+        tied: share one core across iterations (PAR). ``False`` builds ``untied_copies`` independent copies of the
+            core, initialised from the parent's (the deeper-model baseline); iteration k uses copy min(k, copies).
+        untied_copies: number of core copies when ``tied=False`` (usually the train depth).
+        position_scheme: ``rope`` (the parent's rotary embedding) or ``none`` (no positional encoding).
+    Raises:
+        ValueError: a split that does not match the parent's layer count, an unknown position scheme.
+    """
+
+    def __init__(
+        self,
+        parent: PreTrainedModel,
+        split: tuple[int, int, int] | None = None,
+        anchoring: bool = True,
+        tied: bool = True,
+        untied_copies: int = 8,
+        position_scheme: str = "rope",
+    ):
+        super().__init__()
+        if position_scheme not in ("rope", "none"):
+            raise ValueError(f"backbone.position_scheme: {position_scheme!r} is not one of ['rope', 'none']")
+        base = parent.model
+        layers = list(base.layers)
+        n_pre, n_core, _ = validate_split(split, len(layers)) if split is not None else default_split(len(layers))
+        self.config = parent.config
+        self.split = (n_pre, n_core, len(layers) - n_pre - n_core)
+        self.anchoring = anchoring
+        self.position_scheme = position_scheme
+        hidden = parent.config.hidden_size
+
+        self.embed_tokens = base.embed_tokens
+        self.rotary_emb = base.rotary_emb
+        self.prelude = nn.ModuleList(layers[:n_pre])
+        self.core = nn.ModuleList(layers[n_pre:n_pre + n_core])
+        self.coda = nn.ModuleList(layers[n_pre + n_core:])
+        self.norm = base.norm
+        self.lm_head = parent.lm_head  # may share its weight with embed_tokens (tied word embeddings)
+        # Untied baseline: copies 2..N of the core; copy 1 is `self.core` itself, so R=1 is still the parent.
+        self.untied = nn.ModuleList(
+            [copy.deepcopy(self.core) for _ in range(untied_copies - 1)] if not tied else []
+        )
+        # Adapter W·[e; s] with W = [0 | I]: the first iteration sees s_0 = e, i.e. exactly the parent's input.
+        self.adapter = nn.Linear(2 * hidden, hidden, bias=False, dtype=parent.dtype,
+                                 device=parent.lm_head.weight.device)
+        with torch.no_grad():
+            self.adapter.weight.zero_()
+            self.adapter.weight[:, hidden:].copy_(torch.eye(hidden))
+
+    @property
+    def tied(self) -> bool:
+        return len(self.untied) == 0
+
+    # ---------------------------------------------------------------------------------------------------------------
+    def _positions(self, x_BTH: torch.Tensor, stretch: float) -> tuple[tuple[torch.Tensor, torch.Tensor], object]:
+        """Rotary (cos, sin) for position ids × ``stretch`` and the causal mask; shared by all three stages."""
+        T = x_BTH.shape[1]
+        position_ids = (torch.arange(T, device=x_BTH.device, dtype=torch.float32) * stretch)[None]
+        if self.position_scheme == "none":
+            head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
+            cos = torch.ones(1, T, head_dim, device=x_BTH.device, dtype=x_BTH.dtype)
+            pos = (cos, torch.zeros_like(cos))
+        else:
+            pos = self.rotary_emb(x_BTH, position_ids)
+        return pos, causal_mask(self.config, x_BTH)
+
+    @staticmethod
+    def _stack(layers: nn.ModuleList, x_BTH, pos, mask) -> torch.Tensor:
+        for layer in layers:
+            x_BTH = run_decoder_layer(layer, x_BTH, pos, mask)
+        return x_BTH
+
+    def _core_for(self, k: int) -> nn.ModuleList:
+        """Core layers used by iteration k (1-based): the shared core, or untied copy min(k, copies)."""
+        if self.tied or k == 1:
+            return self.core
+        return self.untied[min(k, len(self.untied) + 1) - 2]
+
+    def readout(self, state_BTH: torch.Tensor, read_positions_Q: torch.Tensor, pos, mask) -> torch.Tensor:
+        """Coda → final norm → lm_head at the read positions: (B, T, H) -> logits (B, Q, V).
+
+        The one readout path used by training, evaluation and halting alike.
+        """
+        h_BTH = self.norm(self._stack(self.coda, state_BTH, pos, mask))
+        return self.lm_head(h_BTH[:, read_positions_Q])
+
+    def iterate(
+        self,
+        input_ids_BT: torch.Tensor,
+        read_positions_Q: torch.Tensor,
+        R: int,
+        grad_window: int | None = None,
+        stretch: float = 1.0,
+        read: str = "window",
+    ) -> LoopedOutput:
+        """Run the prelude once and the core R times; read out selected iterations.
+
+        Args:
+            input_ids_BT: (B, T) token ids.
+            read_positions_Q: (Q,) positions to read answers at.
+            R: number of core iterations (>= 1).
+            grad_window: only the last ``grad_window`` iterations run with autograd (earlier ones under
+                ``torch.no_grad``, so activation memory grows with the window, not with R). ``None`` = all R.
+            stretch: positional stretch factor s: position ids × s in prelude, core and coda alike (§3.4).
+            read: which iterations to read out: ``window`` (those in the gradient window), ``last`` (iteration R
+                only), ``all`` (1..R).
+        Returns: :class:`LoopedOutput` with logits (K, B, Q, V).
+        Raises: ValueError for R < 1, grad_window < 1 or an unknown ``read``.
+        """
+        if R < 1:
+            raise ValueError(f"R: must be >= 1, got {R}")
+        if grad_window is not None and grad_window < 1:
+            raise ValueError(f"grad_window: must be >= 1, got {grad_window}")
+        if read not in ("window", "last", "all"):
+            raise ValueError(f"read: {read!r} is not one of ['window', 'last', 'all']")
+        window = R if grad_window is None else min(grad_window, R)
+        first_grad = R - window + 1  # 1-based first iteration that runs with autograd
+        to_read = {"window": range(first_grad, R + 1), "last": range(R, R + 1), "all": range(1, R + 1)}[read]
+
+        x_BTH = self.embed_tokens(input_ids_BT)
+        pos, mask = self._positions(x_BTH, stretch)
+        e_BTH = self._stack(self.prelude, x_BTH, pos, mask)
+        s_BTH = e_BTH
+        ref_rms_BT1 = None
+        logits, rms = [], []
+        for k in range(1, R + 1):
+            grad_ctx = contextlib.nullcontext() if k >= first_grad else torch.no_grad()
+            with grad_ctx:
+                u_BTH = self.adapter(torch.cat([e_BTH, s_BTH], dim=-1))
+                s_BTH = self._stack(self._core_for(k), u_BTH, pos, mask)
+                if k == 1:
+                    ref_rms_BT1 = token_rms(s_BTH).detach()  # stop-gradient on the anchoring reference
+                elif self.anchoring:
+                    s_BTH = (s_BTH.float() * (ref_rms_BT1 / token_rms(s_BTH).clamp_min(1e-12))).to(s_BTH.dtype)
+                rms.append(token_rms(s_BTH).mean().detach())
+                if k in to_read:
+                    logits.append(self.readout(s_BTH, read_positions_Q, pos, mask))
+        return LoopedOutput(torch.stack(logits), list(to_read), torch.stack(rms))
+
+    def forward(self, input_ids_BT, read_positions_Q, R, grad_window=None, stretch=1.0, read="window"):
+        """Alias of :meth:`iterate` so wrappers (DDP, FSDP, DeepSpeed) that call ``forward`` see the same thing."""
+        return self.iterate(input_ids_BT, read_positions_Q, R, grad_window, stretch, read)
+
+
+def build_looped(backbone_cfg, recipe_cfg, vocab_size: int | None = None, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device | None = None) -> LoopedLM:
+    """Build the parent from ``backbone_cfg`` and retrofit it per ``recipe_cfg`` (anchoring, tied/untied).
+
+    ``vocab_size`` shrinks the vocabulary of random-init shapes to the task's (ignored for pretrained checkpoints,
+    whose vocabulary is fixed). The untied baseline gets ``recipe_cfg.max_iterations`` core copies.
+    """
+    from par_ray.model import backbones
+
+    overrides = {} if backbone_cfg.pretrained or vocab_size is None else {"vocab_size": vocab_size}
+    parent = backbones.load(backbone_cfg.name, backbone_cfg.pretrained, dtype=dtype, device=device, **overrides)
+    return LoopedLM(parent, split=backbone_cfg.split, anchoring=recipe_cfg.anchoring, tied=recipe_cfg.tied,
+                    untied_copies=recipe_cfg.max_iterations, position_scheme=backbone_cfg.position_scheme)

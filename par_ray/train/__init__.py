@@ -1,0 +1,1 @@
+"""Training: one step function (``step.py``), one loop for one rank or many (``loop.py``), strategies."""

@@ -1,0 +1,135 @@
+"""The training loop: one function for one rank or many, for a local run or a Ray cluster.
+
+``train_loop_per_worker`` is what ``ray.train.torch.TorchTrainer`` runs on every worker (Ray Train V2). The
+single-process trainer (``python -m par_ray.train``) runs the *same* function through Ray Train's local mode
+(``ScalingConfig(num_workers=0)``), so there is exactly one loop (nanoGPT: "runs unchanged under python or torchrun").
+
+Per step: plan (d, R, s) from (seed, step) → the rank's shard of the global batch → :func:`train_step`. Every
+``report_every`` steps: metrics; every ``eval_every``: accuracy by depth, d50, G; every ``checkpoint_every``: a
+checkpoint with the report. The last report always carries a checkpoint, so ``Result.metrics`` holds final metrics.
+Marked ``# ray`` lines are the only Ray calls.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import ray.train  # ray
+import torch
+
+from par_ray.config import TrialConfig
+from par_ray.evaluation import accuracy_by_depth, extrapolation
+from par_ray.model.looped import build_looped
+from par_ray.tasks import get_task
+from par_ray.train.step import train_step
+from par_ray.train.strategies import World, prepare
+
+
+class _Printer:
+    """Rank-0 progress lines; other ranks get :class:`_Silent` (a null object, no scattered rank checks)."""
+
+    def __call__(self, msg: str) -> None:
+        print(msg, flush=True)
+
+
+class _Silent:
+    def __call__(self, msg: str) -> None:
+        pass
+
+
+def eval_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
+    """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``."""
+    world = engine.world
+    acc = accuracy_by_depth(engine.model, task, cfg.eval, cfg.recipe.ops_per_iteration, engine.device,
+                            world.rank, world.size, engine.all_reduce_sum)
+    ex = extrapolation({d: v["acc"] for d, v in acc.items()}, task.full_state_chance, cfg.task.train_depth)
+    out = {"chance": task.full_state_chance, "G": ex.G, "G_censored": float(ex.censored)}
+    if ex.d50 is not None:
+        out["d50"] = float(ex.d50)
+    for d, v in acc.items():
+        out[f"acc_d{d}"] = v["acc"]
+        out[f"acc_query_d{d}"] = v["acc_query"]
+    return out
+
+
+def train_loop_per_worker(loop_config: dict) -> None:
+    """Ray Train worker function. ``loop_config = {"trial": TrialConfig}``."""
+    cfg: TrialConfig = loop_config["trial"]
+    tc = cfg.train
+    ctx = ray.train.get_context()  # ray
+    world = World(rank=ctx.get_world_rank(), size=ctx.get_world_size(),
+                  device=ray.train.torch.get_device() if tc.use_gpu else torch.device("cpu"))  # ray
+    if tc.threads_per_worker:
+        torch.set_num_threads(tc.threads_per_worker)
+    log = _Printer() if world.rank == 0 else _Silent()
+
+    task = get_task(cfg.task.name)
+    torch.manual_seed(tc.seed)  # identical init on every rank
+    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=task.vocab_size)
+    engine = prepare(model, tc, world)
+
+    start, train_seconds = 0, 0.0
+    checkpoint = ray.train.get_checkpoint()  # ray
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            extra = engine.load(d)
+        start, train_seconds = extra["step"], extra["train_seconds"]
+        log(f"resumed from step {start}")
+
+    last_eval: dict[str, float] = {}
+    window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
+    for step in range(start, tc.steps):
+        if step == tc.fail_at_step and checkpoint is None and world.rank == 0:
+            os._exit(1)  # fault injection: this worker dies once; Ray restarts the group from the last checkpoint
+        res = train_step(engine, task, cfg.task, cfg.recipe, tc.seed, step, tc.batch_size, world.rank, world.size)
+        train_seconds += res.seconds
+        window["loss"] += res.loss
+        window["seconds"] += res.seconds
+        window["tokens"] += res.tokens
+        window["n"] += 1
+        done = step + 1
+        is_last = done == tc.steps
+        if done % tc.eval_every == 0 or is_last:
+            last_eval = eval_metrics(engine, task, cfg)
+        want_ckpt = is_last or (tc.checkpoint_every and done % tc.checkpoint_every == 0)
+        if done % tc.report_every == 0 or is_last or want_ckpt:
+            n = max(window["n"], 1)
+            metrics = {
+                "step": done,
+                "loss": window["loss"] / n,
+                "loss_last_step": res.loss,
+                **{f"loss_k{k}": v for k, v in zip(res.iterations, res.per_iteration)},
+                **{f"rms_k{k}": v for k, v in enumerate(res.state_rms, start=1)},
+                "train_acc": res.accuracy,
+                "depth": res.plan.depth,
+                "R": res.plan.R,
+                "lr": engine.lr,
+                "grad_norm": res.grad_norm,
+                "step_time_s": window["seconds"] / n,
+                "tokens_per_s": window["tokens"] * world.size / max(window["seconds"], 1e-9),
+                "peak_memory_mb": _peak_memory_mb(world.device),
+                "train_seconds": train_seconds,
+                **last_eval,
+            }
+            log(f"step {done:>6}/{tc.steps}  loss {metrics['loss']:.4f}  "
+                f"{n / max(window['seconds'], 1e-9):.2f} steps/s"
+                + (f"  acc_d{cfg.task.train_depth} {last_eval.get(f'acc_d{cfg.task.train_depth}', float('nan')):.3f}"
+                   f"  G {last_eval['G']:.2f}" if last_eval else ""))
+            window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
+            if want_ckpt:
+                with tempfile.TemporaryDirectory() as d:
+                    engine.save(d, {"step": done, "train_seconds": train_seconds})
+                    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))  # ray
+            else:
+                ray.train.report(metrics)  # ray
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    """Peak allocated memory on CUDA; peak resident set size of this process on CPU (MB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
