@@ -1,0 +1,334 @@
+"""Seed aggregates of a sweep: accuracy by depth, d50 and G per seed, G per configuration, halting vs oracle.
+
+A configuration is one (task, backbone, recipe); its seeds are its FINISHED trials. Everything here is computed on
+FINISHED trials only; the other trials (FAILED, RUNNING, KILLED) stay in the input frames and are counted in
+``Summary.excluded`` and in the ``n_excluded`` column of ``Summary.G``.
+
+Statistics over seeds (n = number of seeds):
+
+    mean  = Σ x_i / n
+    std   = sqrt(Σ (x_i − mean)² / (n − 1))         (sample std, ddof = 1; null for n = 1)
+    CI    = percentile bootstrap over seeds: the (α/2, 1 − α/2) quantiles of B resampled means (null for n = 1)
+
+d50 and G follow the paper (§4.2) and ``par_ray.evaluation.extrapolation``, recomputed here from the ``acc_d{D}``
+metrics (a logged ``G`` is never trusted):
+
+    midpoint = (chance + 1) / 2
+    d50      = min{ d : acc(d) < midpoint or acc(d) is NaN }          (first test depth below the midpoint)
+    G        = d50 / d_train;  censored (d50 never reached): G = max tested depth / d_train, a lower bound "≥ G"
+
+The mean G of a configuration with any censored seed is itself a lower bound (``lower_bound``, shown as "≥").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from analysis.load import TRIAL_KEYS, SweepFrames
+
+GROUP = list(TRIAL_KEYS)
+FINISHED = pl.col("status") == "FINISHED"
+
+_BOOT_CHUNK = 1 << 21
+"""Bootstrap means held at once (groups × distinct resamples); bounds memory to tens of MB whatever the sweep size."""
+
+
+@dataclass(frozen=True)
+class Summary:
+    """All aggregates of one sweep (each frame documented by the function that builds it)."""
+
+    accuracy: pl.DataFrame
+    """:func:`accuracy_stats`: per (task, backbone, recipe, depth)."""
+    per_seed: pl.DataFrame
+    """:func:`extrapolation_per_seed`: d50, G, censored per trial (every status, marked)."""
+    G: pl.DataFrame
+    """:func:`g_summary`: per (task, backbone, recipe)."""
+    halting: pl.DataFrame
+    """:func:`halting_gap`: per (task, backbone, recipe, depth); empty when no halting metrics were logged."""
+    iterations: pl.DataFrame
+    """:func:`iteration_stats`: per (task, backbone, recipe, k); empty when no rms_k / halt_prob_k were logged."""
+    excluded: pl.DataFrame
+    """:func:`excluded_trials`: status, n for every status other than FINISHED."""
+    warnings: tuple[str, ...]
+    """:func:`consistency_warnings`: duplicate seeds, mixed train depths, untagged trials."""
+
+
+def summarize(frames: SweepFrames, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> Summary:
+    """Every aggregate of :class:`SweepFrames` (see the module docstring for the statistics)."""
+    per_seed = extrapolation_per_seed(frames.acc)
+    return Summary(
+        accuracy=accuracy_stats(frames.acc, n_boot=n_boot, ci=ci, seed=seed),
+        per_seed=per_seed,
+        G=g_summary(per_seed, frames.trials),
+        halting=halting_gap(frames.acc),
+        iterations=iteration_stats(frames.by_iteration),
+        excluded=excluded_trials(frames.trials),
+        warnings=tuple(consistency_warnings(frames.trials)),
+    )
+
+
+def bootstrap_ci(frame: pl.DataFrame, keys: list[str], value: str, *, n_boot: int = 1000, ci: float = 0.95,
+                 seed: int = 0) -> pl.DataFrame:
+    """Percentile-bootstrap CI of the mean of ``value`` over the rows of each ``keys`` group.
+
+    Groups of equal size n share one (B, n) matrix of multinomial resampling counts drawn from
+    ``np.random.default_rng([seed, n])``, so the resampled means of all such groups are one matrix product and a
+    group's interval depends only on its own values, n and ``seed`` (see :func:`_percentile_bounds`).
+
+    Args:
+        frame: rows to aggregate; nulls in ``value`` are dropped first, NaNs propagate into the interval.
+        keys: group columns.
+        value: Float64 column.
+        n_boot: B, number of bootstrap resamples.
+        ci: coverage, e.g. 0.95 → quantiles 0.025 and 0.975.
+        seed: non-negative seed of the numpy generator.
+    Returns:
+        ``keys`` + ``ci_lo``, ``ci_hi`` (Float64; null for single-row groups).
+    Raises:
+        ValueError: ``ci`` outside (0, 1) or ``n_boot`` < 1.
+    """
+    if not 0.0 < ci < 1.0:
+        raise ValueError(f"ci: must be in (0, 1), got {ci}")
+    if n_boot < 1:
+        raise ValueError(f"n_boot: must be >= 1, got {n_boot}")
+    q = np.array([(1.0 - ci) / 2.0, (1.0 + ci) / 2.0])
+    grouped = (
+        frame.filter(pl.col(value).is_not_null())
+        .group_by(keys, maintain_order=True)
+        .agg(pl.col(value).cast(pl.Float64).alias("_v"))
+        .with_columns(pl.col("_v").list.len().alias("_n"))
+    )
+    schema = {k: frame.schema[k] for k in keys} | {"ci_lo": pl.Float64, "ci_hi": pl.Float64}
+    parts = [pl.DataFrame(schema=schema)]
+    for (n,), part in grouped.partition_by("_n", as_dict=True).items():
+        if n < 2:  # one seed: no interval
+            parts.append(part.select(keys).with_columns(pl.lit(None, pl.Float64).alias(c) for c in ("ci_lo", "ci_hi")))
+            continue
+        x_gn = part["_v"].list.to_array(n).to_numpy()
+        counts_bn = np.random.default_rng([seed, n]).multinomial(n, np.full(n, 1.0 / n), size=n_boot)
+        lo_g, hi_g = _percentile_bounds(x_gn, counts_bn, q)
+        parts.append(part.select(keys).with_columns(ci_lo=lo_g, ci_hi=hi_g))
+    return pl.concat(parts, how="vertical_relaxed")
+
+
+def _percentile_bounds(x_gn: np.ndarray, counts_bn: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Quantiles ``q`` (numpy's default linear method) of the B resampled means of every row of ``x_gn``.
+
+    Resampling n seeds has at most C(2n−1, n) distinct count vectors (126 for n = 5), so the B draws collapse to U
+    unique weight rows with multiplicities; the quantile of the B means is read off the sorted U means and their
+    cumulative multiplicities, identical to ``np.quantile(x_gn @ (counts_bn / n).T, q, axis=1)`` at O(G·U) cost.
+    Rows containing NaN give NaN. Returns (len(q), G).
+    """
+    n = x_gn.shape[1]
+    counts_un, mult_u = np.unique(counts_bn, axis=0, return_counts=True)
+    w_nu = (counts_un / n).T
+    b = int(mult_u.sum())
+    out = np.empty((q.size, x_gn.shape[0]))
+    step = max(1, _BOOT_CHUNK // counts_un.shape[0])
+    for start in range(0, x_gn.shape[0], step):
+        means_gu = x_gn[start:start + step] @ w_nu
+        order_gu = np.argsort(means_gu, axis=1)
+        sorted_gu = np.take_along_axis(means_gu, order_gu, axis=1)
+        cum_gu = np.cumsum(mult_u[order_gu], axis=1)
+        rows = np.arange(sorted_gu.shape[0])
+        for i, qi in enumerate(q):
+            h = qi * (b - 1)
+            j = int(np.floor(h))
+            # sorted position j of the B means lies in the unique mean k = #{cum <= j}
+            lo = (cum_gu <= j).sum(axis=1)
+            hi = (cum_gu <= min(j + 1, b - 1)).sum(axis=1)
+            out[i, start:start + step] = sorted_gu[rows, lo] + (h - j) * (sorted_gu[rows, hi] - sorted_gu[rows, lo])
+    out[:, np.isnan(x_gn).any(axis=1)] = np.nan
+    return out
+
+
+def accuracy_stats(acc: pl.DataFrame, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> pl.DataFrame:
+    """Full-state accuracy over seeds per (task, backbone, recipe, depth), FINISHED trials only.
+
+    Returns columns: GROUP, ``depth``, ``train_depth``, ``multiple`` (depth / d_train), ``chance``, ``n`` (seeds),
+    ``mean``, ``std`` (ddof = 1), ``ci_lo``, ``ci_hi`` (bootstrap, see :func:`bootstrap_ci`), ``min``, ``max``,
+    ``query_mean``, ``query_std`` (per-query accuracy). Accuracies are fractions in [0, 1].
+    """
+    keys = [*GROUP, "depth"]
+    fin = acc.filter(FINISHED & pl.col("acc").is_not_null())
+    stats = fin.group_by(keys).agg(
+        pl.col("train_depth").first(),
+        pl.col("chance").first(),
+        pl.len().alias("n"),
+        pl.col("acc").mean().alias("mean"),
+        pl.col("acc").std(ddof=1).alias("std"),
+        pl.col("acc").min().alias("min"),
+        pl.col("acc").max().alias("max"),
+        pl.col("acc_query").mean().alias("query_mean"),
+        pl.col("acc_query").std(ddof=1).alias("query_std"),
+    )
+    return (
+        stats.join(bootstrap_ci(fin, keys, "acc", n_boot=n_boot, ci=ci, seed=seed), on=keys, how="left",
+                   nulls_equal=True)
+        .with_columns((pl.col("depth") / pl.col("train_depth")).alias("multiple"))
+        .select(*keys, "train_depth", "multiple", "chance", "n", "mean", "std", "ci_lo", "ci_hi", "min", "max",
+                "query_mean", "query_std")
+        .sort(keys, nulls_last=True)
+    )
+
+
+def extrapolation_per_seed(acc: pl.DataFrame) -> pl.DataFrame:
+    """d50 and G of every trial (all statuses; ``status`` kept), vectorised over runs.
+
+    Rows with a null ``acc`` (depth not logged) are ignored; a NaN accuracy counts as below the midpoint, as in
+    ``par_ray.evaluation.extrapolation``.
+
+    Returns columns: run_id, status, GROUP, seed, train_depth, chance, ``midpoint`` ((chance + 1) / 2), ``n_depths``,
+    ``max_depth``, ``d50`` (Int64, null when censored), ``censored`` (bool), ``G`` (Float64; max_depth / d_train when
+    censored). ``censored`` and ``G`` are null when chance or train_depth was not logged.
+    """
+    midpoint = (pl.col("chance") + 1.0) / 2.0
+    below = pl.col("acc").is_nan() | (pl.col("acc") < midpoint)
+    known = pl.col("midpoint").is_not_null()
+    return (
+        acc.filter(pl.col("acc").is_not_null())
+        .group_by("run_id", maintain_order=True)
+        .agg(
+            pl.col("status", *GROUP, "seed", "train_depth", "chance").first(),
+            midpoint.first().alias("midpoint"),
+            pl.len().alias("n_depths"),
+            pl.col("depth").max().alias("max_depth"),
+            pl.col("depth").filter(below).min().alias("d50"),
+        )
+        .with_columns(
+            pl.when(known).then(pl.col("d50").is_null()).alias("censored"),
+            pl.when(known).then(pl.coalesce("d50", "max_depth") / pl.col("train_depth")).alias("G"),
+        )
+        .sort(*GROUP, "seed", "run_id", nulls_last=True)
+    )
+
+
+def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
+    """G over seeds per (task, backbone, recipe), FINISHED trials only.
+
+    Returns columns: GROUP, ``train_depth``, ``n`` (seeds with a G), ``n_censored``, ``G_mean``, ``G_std``
+    (ddof = 1), ``G_min``, ``G_max``, ``lower_bound`` (any seed censored: G_mean is a lower bound, "≥"),
+    ``n_excluded`` (trials of that configuration not FINISHED), ``anchoring`` and ``targets`` (the configuration's
+    ``recipe.anchoring`` / ``recipe.targets`` params, for the ablation table). A configuration whose trials all
+    failed still has a row, with n = 0.
+    """
+    fin = per_seed.filter(FINISHED & pl.col("G").is_not_null())
+    stats = fin.group_by(GROUP).agg(
+        pl.col("train_depth").first(),
+        pl.len().alias("n").cast(pl.Int64),
+        pl.col("censored").sum().cast(pl.Int64).alias("n_censored"),
+        pl.col("G").mean().alias("G_mean"),
+        pl.col("G").std(ddof=1).alias("G_std"),
+        pl.col("G").min().alias("G_min"),
+        pl.col("G").max().alias("G_max"),
+    )
+    others = trials.group_by(GROUP).agg(
+        pl.col("anchoring", "targets").drop_nulls().first(),
+        (~FINISHED).sum().cast(pl.Int64).alias("n_excluded"),
+    )
+    return (
+        stats.join(others, on=GROUP, how="full", coalesce=True, nulls_equal=True)
+        .with_columns(
+            pl.col("n", "n_censored").fill_null(0),
+            (pl.col("n_censored") > 0).fill_null(False).alias("lower_bound"),
+        )
+        .select(*GROUP, "train_depth", "n", "n_censored", "G_mean", "G_std", "G_min", "G_max", "lower_bound",
+                "n_excluded", "anchoring", "targets")
+        .sort(GROUP, nulls_last=True)
+    )
+
+
+def halting_gap(acc: pl.DataFrame) -> pl.DataFrame:
+    """Halting-rule accuracy vs oracle stopping per (task, backbone, recipe, depth), FINISHED trials with both.
+
+    gap = oracle_acc − halt_acc per seed (≥ 0 when the oracle is the best iteration), then mean/std over seeds.
+    Returns columns: GROUP, depth, train_depth, n, halt_mean, halt_std, oracle_mean, oracle_std, gap_mean, gap_std,
+    halt_iter_mean (mean iterations run under the halting rule; null when not logged). Empty when no trial logged
+    ``halt_acc_d{D}`` and ``oracle_acc_d{D}``.
+    """
+    keys = [*GROUP, "depth"]
+    fin = acc.filter(FINISHED & pl.col("halt_acc").is_not_null() & pl.col("oracle_acc").is_not_null())
+    gap = pl.col("oracle_acc") - pl.col("halt_acc")
+    return (
+        fin.group_by(keys)
+        .agg(
+            pl.col("train_depth").first(),
+            pl.len().alias("n"),
+            pl.col("halt_acc").mean().alias("halt_mean"),
+            pl.col("halt_acc").std(ddof=1).alias("halt_std"),
+            pl.col("oracle_acc").mean().alias("oracle_mean"),
+            pl.col("oracle_acc").std(ddof=1).alias("oracle_std"),
+            gap.mean().alias("gap_mean"),
+            gap.std(ddof=1).alias("gap_std"),
+            pl.col("halt_iter").mean().alias("halt_iter_mean"),
+        )
+        .sort(keys, nulls_last=True)
+    )
+
+
+def iteration_stats(by_iteration: pl.DataFrame) -> pl.DataFrame:
+    """State RMS and halting probability after iteration k over seeds, per (task, backbone, recipe, k), FINISHED.
+
+    Returns columns: GROUP, k, and for each of ``rms``, ``halt_prob``: ``{kind}_n``, ``{kind}_mean``, ``{kind}_std``
+    (ddof = 1), ``{kind}_min``, ``{kind}_max``.
+    """
+    keys = [*GROUP, "k"]
+    aggs = [
+        expr
+        for kind in ("rms", "halt_prob")
+        for expr in (
+            pl.col(kind).count().alias(f"{kind}_n"),
+            pl.col(kind).mean().alias(f"{kind}_mean"),
+            pl.col(kind).std(ddof=1).alias(f"{kind}_std"),
+            pl.col(kind).min().alias(f"{kind}_min"),
+            pl.col(kind).max().alias(f"{kind}_max"),
+        )
+    ]
+    return by_iteration.filter(FINISHED).group_by(keys).agg(aggs).sort(keys, nulls_last=True)
+
+
+def excluded_trials(trials: pl.DataFrame) -> pl.DataFrame:
+    """Trials left out of the aggregates: ``status``, ``n`` for every status other than FINISHED."""
+    return trials.filter(~FINISHED).group_by("status").agg(pl.len().cast(pl.Int64).alias("n")).sort("status")
+
+
+def consistency_warnings(trials: pl.DataFrame) -> list[str]:
+    """Problems that make seed aggregates misleading, as sentences (empty when none).
+
+    - the same seed twice in one configuration (e.g. several sweeps in one experiment: analyse one parent run);
+    - several train depths in one configuration (G and the depth multiples assume one d_train);
+    - FINISHED trials without a recipe / backbone / task / seed tag, or without any ``acc_d{D}`` metric.
+    """
+    fin = trials.filter(FINISHED)
+    out: list[str] = []
+    dup = (
+        fin.filter(pl.col("seed").is_not_null())
+        .group_by(*GROUP, "seed").agg(pl.len().alias("n")).filter(pl.col("n") > 1)
+        .sort(*GROUP, "seed", nulls_last=True)
+    )
+    for r in dup.iter_rows(named=True):
+        out.append(f"{_name(r)}: seed {r['seed']} appears in {r['n']} FINISHED trials (several sweeps in one "
+                   f"experiment? pass --parent-run to analyse one)")
+    mixed = (
+        fin.group_by(GROUP).agg(pl.col("train_depth").unique().sort().alias("depths"))
+        .filter(pl.col("depths").list.len() > 1).sort(GROUP, nulls_last=True)
+    )
+    for r in mixed.iter_rows(named=True):
+        out.append(f"{_name(r)}: several train depths {r['depths']}; G uses each trial's own d_train")
+    for col in (*GROUP, "seed"):
+        n = fin.get_column(col).null_count()
+        if n:
+            out.append(f"{n} FINISHED trial(s) lack the tag par_ray.{col}")
+    acc_cols = [c for c in trials.columns if re.fullmatch(r"acc_d\d+", c)]
+    n_no_acc = fin.height if not acc_cols else fin.filter(pl.all_horizontal(pl.col(acc_cols).is_null())).height
+    if n_no_acc:
+        out.append(f"{n_no_acc} FINISHED trial(s) logged no acc_d{{D}} metric")
+    return out
+
+
+def _name(row: dict) -> str:
+    return " ".join(f"{k}={row[k]}" for k in GROUP)

@@ -1,0 +1,260 @@
+"""MLflow runs of one sweep → polars frames (the analysis side of the tracking schema in ``par_ray.tracking``).
+
+A sweep is one MLflow parent run (tag ``par_ray.role = "sweep"``); each trial is a child run (tags
+``mlflow.parentRunId``, ``par_ray.role = "trial"``, ``par_ray.{trial_id,recipe,backbone,task,seed,git_commit}``,
+params = the flat trial config, final metrics ``acc_d{D}``, ``acc_query_d{D}``, ``chance``, optional
+``halt_acc_d{D}``, ``oracle_acc_d{D}``, ``halt_iter_d{D}``, ``rms_k{K}``, ``halt_prob_k{K}``). Trials are grouped by
+their tags, never by run names.
+
+Three frames come out (:class:`SweepFrames`):
+
+- ``trials``: one row per child run, whatever its status (FINISHED, FAILED, RUNNING, KILLED): failed and running
+  trials are kept and marked, aggregates filter on ``status`` later and count what they left out.
+- ``acc``: long, one row per (run, test depth): ``acc`` (full-state), ``acc_query``, and the halting metrics
+  ``halt_acc``, ``oracle_acc``, ``halt_iter`` (null where not logged).
+- ``by_iteration``: long, one row per (run, iteration k): ``rms`` and ``halt_prob`` (null where not logged).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import polars as pl
+import polars.selectors as cs
+
+TRIAL_KEYS = ("task", "backbone", "recipe")
+"""Tag columns that name a configuration; seeds of one configuration are aggregated together."""
+
+_TAGS = {  # frame column -> MLflow tag
+    "trial_id": "par_ray.trial_id",
+    "recipe": "par_ray.recipe",
+    "backbone": "par_ray.backbone",
+    "task": "par_ray.task",
+    "seed": "par_ray.seed",
+    "git_commit": "par_ray.git_commit",
+}
+_PARAMS = {  # frame column -> flat config key (par_ray.config.to_flat); only what the tables and plots use
+    "train_depth": "task.train_depth",
+    "eval_depths": "eval.depths",
+    "anchoring": "recipe.anchoring",
+    "targets": "recipe.targets",
+}
+_DEPTH_METRIC = r"^(?<kind>acc|acc_query|halt_acc|oracle_acc|halt_iter)_d(?<depth>\d+)$"
+_ITER_METRIC = r"^(?<kind>rms|halt_prob)_k(?<k>\d+)$"
+DEPTH_KINDS = ("acc", "acc_query", "halt_acc", "oracle_acc", "halt_iter")
+ITER_KINDS = ("rms", "halt_prob")
+
+TRIAL_SCHEMA = {
+    "run_id": pl.String,
+    "status": pl.String,
+    "trial_id": pl.String,
+    "task": pl.String,
+    "backbone": pl.String,
+    "recipe": pl.String,
+    "seed": pl.Int64,
+    "git_commit": pl.String,
+    "train_depth": pl.Int64,
+    "eval_depths": pl.String,
+    "anchoring": pl.String,
+    "targets": pl.String,
+    "start_time": pl.Datetime("ms", "UTC"),
+    "end_time": pl.Datetime("ms", "UTC"),
+    "duration_s": pl.Float64,
+    "chance": pl.Float64,
+}
+"""Columns every ``trials`` frame has, in order; the run's final metrics follow as Float64 columns."""
+_ID_COLUMNS = ("run_id", "status", "task", "backbone", "recipe", "seed", "train_depth", "chance")
+"""Trial columns carried into the long frames."""
+
+
+class AnalysisError(ValueError):
+    """Bad input to the analysis (unknown experiment, no trial runs, unknown parent run). The message names the
+    CLI flag at fault, e.g. ``"--experiment: no MLflow experiment named 'x' at sqlite:///m.db"``."""
+
+
+@dataclass(frozen=True)
+class SweepFrames:
+    """The runs of one sweep (or one experiment) as polars frames."""
+
+    trials: pl.DataFrame
+    """One row per child run: ``TRIAL_SCHEMA`` columns, then one Float64 column per final metric."""
+    acc: pl.DataFrame
+    """Long: ``_ID_COLUMNS`` + ``depth`` (Int64) + ``DEPTH_KINDS`` (Float64, null where not logged)."""
+    by_iteration: pl.DataFrame
+    """Long: ``_ID_COLUMNS`` + ``k`` (Int64, 1-based iteration) + ``ITER_KINDS`` (Float64, null where not logged)."""
+    experiment_id: str | None = None
+    """MLflow experiment id the runs came from (``None`` for frames built without MLflow)."""
+    parent_run_id: str | None = None
+    """Parent (sweep) run the trials were restricted to, if any."""
+
+
+def trials_frame(records: list[dict]) -> pl.DataFrame:
+    """``trials`` from plain records, one per run.
+
+    Each record: ``run_id``, ``status``, ``start_ms`` / ``end_ms`` (epoch milliseconds, ``None`` while running),
+    ``tags`` and ``params`` (str → str, MLflow keys) and ``metrics`` (str → float). Missing tags and params become
+    null; ``seed`` and ``train_depth`` that do not parse as integers become null.
+    """
+    rows = [
+        {
+            "run_id": r["run_id"],
+            "status": r["status"],
+            "start_ms": r.get("start_ms"),
+            "end_ms": r.get("end_ms"),
+            **{col: r["tags"].get(tag) for col, tag in _TAGS.items()},
+            **{col: r["params"].get(key) for col, key in _PARAMS.items()},
+            **{f"metric:{k}": float(v) for k, v in r["metrics"].items()},
+        }
+        for r in records
+    ]
+    raw_schema = {"run_id": pl.String, "status": pl.String, "start_ms": pl.Int64, "end_ms": pl.Int64}
+    raw_schema |= {col: pl.String for col in (*_TAGS, *_PARAMS)}
+    metric_names = sorted({k for r in records for k in r["metrics"]},  # acc_d8 before acc_d16
+                          key=lambda m: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", m)])
+    raw_schema |= {f"metric:{k}": pl.Float64 for k in metric_names}
+    raw = pl.from_dicts(rows, schema=raw_schema) if rows else pl.DataFrame(schema=raw_schema)
+    metrics = [m for m in metric_names if m != "chance"]
+    return raw.select(
+        "run_id",
+        "status",
+        "trial_id",
+        "task",
+        "backbone",
+        "recipe",
+        pl.col("seed").str.strip_chars().cast(pl.Int64, strict=False),
+        "git_commit",
+        pl.col("train_depth").str.strip_chars().cast(pl.Int64, strict=False),
+        "eval_depths",
+        "anchoring",
+        "targets",
+        pl.from_epoch("start_ms", time_unit="ms").dt.replace_time_zone("UTC").alias("start_time"),
+        pl.from_epoch("end_ms", time_unit="ms").dt.replace_time_zone("UTC").alias("end_time"),
+        ((pl.col("end_ms") - pl.col("start_ms")) / 1000.0).alias("duration_s"),
+        (pl.col("metric:chance") if "chance" in metric_names else pl.lit(None, pl.Float64)).alias("chance"),
+        # a metric named like a trial column (e.g. "seed") keeps its "metric:" prefix rather than shadow it
+        *[pl.col(f"metric:{m}").alias(m if m not in TRIAL_SCHEMA else f"metric:{m}") for m in metrics],
+    )
+
+
+def _long(trials: pl.DataFrame, pattern: str, index: str, kinds: tuple[str, ...]) -> pl.DataFrame:
+    """Unpivot the metric columns matching ``pattern`` (groups ``kind`` and ``index``) into one row per (run,
+    index), one column per kind; kinds never logged become null columns so the schema is fixed."""
+    schema = {c: trials.schema[c] for c in _ID_COLUMNS} | {index: pl.Int64} | {k: pl.Float64 for k in kinds}
+    metric_cols = trials.select(cs.matches(pattern)).columns
+    if not metric_cols:
+        return pl.DataFrame(schema=schema)
+    long = (
+        trials.unpivot(index="run_id", on=metric_cols, variable_name="metric")
+        .filter(pl.col("value").is_not_null())  # the wide frame has a null wherever a run did not log a metric
+        .with_columns(pl.col("metric").str.extract_groups(pattern))
+        .unnest("metric")
+        .with_columns(pl.col(index).cast(pl.Int64))
+        .pivot(on="kind", index=["run_id", index], values="value")
+    )
+    missing = [pl.lit(None, pl.Float64).alias(k) for k in kinds if k not in long.columns]
+    return (
+        long.with_columns(missing)
+        .join(trials.select(_ID_COLUMNS), on="run_id", how="left")
+        .select(list(schema))
+        .sort("run_id", index)
+    )
+
+
+def frames_from_trials(trials: pl.DataFrame, experiment_id: str | None = None,
+                       parent_run_id: str | None = None) -> SweepFrames:
+    """``acc`` and ``by_iteration`` derived from a ``trials`` frame (metric columns ``acc_d{D}``, ``rms_k{K}``, …)."""
+    return SweepFrames(
+        trials=trials,
+        acc=_long(trials, _DEPTH_METRIC, "depth", DEPTH_KINDS),
+        by_iteration=_long(trials, _ITER_METRIC, "k", ITER_KINDS),
+        experiment_id=experiment_id,
+        parent_run_id=parent_run_id,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# MLflow
+
+
+def mlflow_client(tracking_uri: str | None):
+    """``MlflowClient`` for ``tracking_uri`` (``None`` = MLflow's default); mlflow is imported only here."""
+    from mlflow import MlflowClient  # local: the frame-level functions above work without importing mlflow
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _search_all(client, experiment_id: str, filter_string: str, order_by: list[str] | None = None) -> list:
+    """Every active run matching ``filter_string``, following MLflow's page tokens."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, max_results=1000, order_by=order_by,
+                                  page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def experiment_id_of(client, experiment: str) -> str:
+    """The id of the experiment named ``experiment``. Raises :class:`AnalysisError` (``--experiment``)."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise AnalysisError(f"--experiment: no MLflow experiment named {experiment!r} at tracking URI "
+                            f"{client.tracking_uri!r} (check --tracking-uri)")
+    return exp.experiment_id
+
+
+def sweep_runs(client, experiment_id: str) -> list:
+    """Parent runs (tag ``par_ray.role = "sweep"``) of the experiment, newest first."""
+    return _search_all(client, experiment_id, "tags.`par_ray.role` = 'sweep'", ["attributes.start_time DESC"])
+
+
+def load_sweep(experiment: str, parent_run_id: str | None = None, tracking_uri: str | None = None) -> SweepFrames:
+    """Every trial run of ``experiment`` (or only the children of ``parent_run_id``) as :class:`SweepFrames`.
+
+    Args:
+        experiment: MLflow experiment name, e.g. ``"par_ray/backbone_scaling"``.
+        parent_run_id: restrict to the child runs of this sweep run; ``None`` = every trial in the experiment.
+        tracking_uri: MLflow tracking URI; ``None`` = MLflow's default (``MLFLOW_TRACKING_URI`` or ``./mlruns``).
+    Raises:
+        AnalysisError: unknown experiment (``--experiment``), unknown or foreign parent run (``--parent-run``), or
+            no trial runs (tag ``par_ray.role = "trial"``) to analyse.
+    """
+    client = mlflow_client(tracking_uri)
+    exp_id = experiment_id_of(client, experiment)
+    flt = "tags.`par_ray.role` = 'trial'"
+    if parent_run_id is not None:
+        check_parent(client, exp_id, experiment, parent_run_id)
+        flt += f" and tags.`mlflow.parentRunId` = '{parent_run_id}'"
+    runs = _search_all(client, exp_id, flt)
+    if not runs:
+        where = f"under parent run {parent_run_id}" if parent_run_id else f"in experiment {experiment!r}"
+        flag = "--parent-run" if parent_run_id else "--experiment"
+        raise AnalysisError(f"{flag}: no trial runs (tag par_ray.role = 'trial') {where}")
+    records = [
+        {
+            "run_id": r.info.run_id,
+            "status": r.info.status,
+            "start_ms": r.info.start_time,
+            "end_ms": r.info.end_time,
+            "tags": r.data.tags,
+            "params": r.data.params,
+            "metrics": r.data.metrics,
+        }
+        for r in runs
+    ]
+    return frames_from_trials(trials_frame(records).sort("start_time", "run_id"), exp_id, parent_run_id)
+
+
+def check_parent(client, experiment_id: str, experiment: str, parent_run_id: str) -> None:
+    """Raise :class:`AnalysisError` (``--parent-run``) unless ``parent_run_id`` is a run of this experiment."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(parent_run_id)
+    except MlflowException:
+        raise AnalysisError(f"--parent-run: no MLflow run with id {parent_run_id!r}") from None
+    if run.info.experiment_id != experiment_id:
+        raise AnalysisError(f"--parent-run: run {parent_run_id} belongs to experiment id {run.info.experiment_id}, "
+                            f"not to {experiment!r} (id {experiment_id})")

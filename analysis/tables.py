@@ -1,0 +1,324 @@
+"""Paper-layout tables from a :class:`analysis.aggregate.Summary`, rendered as Markdown, CSV and LaTeX (booktabs).
+
+Layouts (PAR paper, §5):
+
+- ``main_results``: rows recipe × backbone, one column per test depth labelled with its multiple of the train length
+  ("32 (4×)"), then G.
+- ``scale``: each backbone × recipe at 16× the train length (or, where 16× was not tested, the largest tested
+  multiple), then G.
+- ``halting``: halting-rule accuracy, oracle-stopping accuracy, their gap and the iterations run, per test depth.
+- ``ablation``: one row per recipe with its anchoring and targets, accuracy at the largest multiple tested by every
+  row, and G.
+
+Every cell is "mean ± std (n)" over n seeds (sample std, ddof = 1; "mean (n)" when n = 1; "–" when nothing was
+measured). Accuracies are in percent; G carries "≥" when any seed was censored (the mean is then a lower bound).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from analysis.aggregate import GROUP, Summary
+
+MISSING = "–"
+SCALE_MULTIPLE = 16
+"""Multiple of the train length reported by the ``scale`` table when tested."""
+FIRST_RECIPES = ("par",)
+"""Recipes listed before the others (the method before its baselines and ablations)."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table: string cells as printed, plus a caption and notes (exclusions, units)."""
+
+    name: str
+    """File stem, e.g. ``"main_results"``."""
+    title: str
+    """Caption."""
+    frame: pl.DataFrame
+    """All-String columns, in display order."""
+    notes: tuple[str, ...] = ()
+    """Sentences printed under the table."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# cells and ordering
+
+
+def cell(mean: float | None, std: float | None, n: int | None, *, scale: float = 1.0, digits: int = 1,
+         lower_bound: bool = False) -> str:
+    """``"56.7 ± 15.3 (3)"``; ``"≥ 6.67 ± 2.31 (3)"`` for a lower bound; ``"60.0 (1)"``; ``"–"`` when n is 0."""
+    if not n or mean is None:
+        return MISSING
+    text = f"{mean * scale:.{digits}f}"
+    if std is not None and not math.isnan(std):
+        text += f" ± {std * scale:.{digits}f}"
+    return f"{'≥ ' if lower_bound else ''}{text} ({n})"
+
+
+def depth_label(depth: int, train_depth: int | None) -> str:
+    """``"32 (4×)"``: a test depth with its multiple of the train length (``"32"`` when d_train is unknown)."""
+    if not train_depth:
+        return str(depth)
+    return f"{depth} ({depth / train_depth:g}×)"
+
+
+def natural_key(name: str | None) -> tuple:
+    """Sort key reading the numbers in a name as numbers: qwen2.5-0.5b < qwen2.5-1.5b < qwen2.5-7b (display only)."""
+    if name is None:
+        return (1,)
+    parts = re.split(r"(\d+(?:\.\d+)?)", name)
+    return (0, *[(0, float(p), "") if i % 2 else (1, 0.0, p) for i, p in enumerate(parts)])
+
+
+def display_rank(values: list, first: tuple[str, ...] = ()) -> dict:
+    """``{value: position}`` for the distinct ``values``: those in ``first`` first (in that order), then the rest by
+    :func:`natural_key`; a null (None) goes last."""
+    ordered = sorted(set(values), key=lambda v: (v not in first, first.index(v) if v in first else 0,
+                                                 natural_key(v)))
+    return {v: i for i, v in enumerate(ordered)}
+
+
+def ordered(frame: pl.DataFrame, by: list[str], then: tuple[str, ...] = ()) -> pl.DataFrame:
+    """``frame`` sorted by ``by`` (task / backbone / recipe columns) in display order: recipes listed in
+    ``FIRST_RECIPES`` first, then names in natural order; ties broken by the ``then`` columns as sorted values."""
+    keys = []
+    for col in by:
+        rank = display_rank(frame.get_column(col).to_list(), FIRST_RECIPES if col == "recipe" else ())
+        keys.append(pl.col(col).replace_strict(rank, default=len(rank), return_dtype=pl.Int64))
+    return frame.sort([*keys, *then]) if keys or then else frame
+
+
+def _label_columns(frame: pl.DataFrame, labels: list[str]) -> list[str]:
+    """``labels`` without ``task`` when there is only one task (it goes in the title instead)."""
+    return [c for c in labels if not (c == "task" and frame.get_column("task").n_unique() <= 1)]
+
+
+def _task_title(frame: pl.DataFrame) -> str:
+    tasks = frame.get_column("task").unique().drop_nulls().sort().to_list()
+    return f" ({', '.join(tasks)})" if len(tasks) == 1 else ""
+
+
+def _exclusion_note(summary: Summary) -> tuple[str, ...]:
+    if summary.excluded.is_empty():
+        return ()
+    parts = ", ".join(f"{r['n']} {r['status']}" for r in summary.excluded.iter_rows(named=True))
+    return (f"Excluded from the aggregates (kept in trials.csv): {parts} trial(s).",)
+
+
+def _g_cells(g: pl.DataFrame) -> pl.DataFrame:
+    """GROUP + ``G`` cell string."""
+    return g.select(
+        *GROUP,
+        pl.struct("G_mean", "G_std", "n", "lower_bound")
+        .map_elements(lambda r: cell(r["G_mean"], r["G_std"], r["n"], digits=2, lower_bound=r["lower_bound"]),
+                      return_dtype=pl.String)
+        .alias("G"),
+    )
+
+
+def _acc_cell_expr(prefix: str = "", scale: float = 100.0) -> pl.Expr:
+    mean, std = (f"{prefix}mean", f"{prefix}std") if prefix else ("mean", "std")
+    return pl.struct(mean, std, "n").map_elements(
+        lambda r: cell(r[mean], r[std], r["n"], scale=scale), return_dtype=pl.String)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# layouts
+
+
+def main_results(summary: Summary) -> Table:
+    """Rows recipe × backbone (× task when several), columns test depths "d (m×)" then G; cells in %."""
+    acc = summary.accuracy
+    g = summary.G
+    d_train = acc.get_column("train_depth").unique().drop_nulls()
+    one_train = d_train.len() == 1
+    depths = acc.select("depth").unique().sort("depth").get_column("depth").to_list()
+    labels = {d: depth_label(d, d_train.item() if one_train else None) for d in depths}
+    cells = acc.select(
+        *GROUP,
+        pl.col("depth").replace_strict(labels, return_dtype=pl.String).alias("label"),
+        _acc_cell_expr().alias("cell"),
+    )
+    wide = (
+        cells.pivot(on="label", on_columns=list(labels.values()), index=GROUP, values="cell")
+        if not cells.is_empty() else pl.DataFrame(schema={c: pl.String for c in GROUP})
+    )
+    wide = _g_cells(g).join(wide, on=GROUP, how="left", nulls_equal=True)
+    wide = ordered(wide, ["task", "recipe", "backbone"])
+    label_cols = _label_columns(wide, ["task", "recipe", "backbone"])
+    value_cols = [lbl for lbl in labels.values() if lbl in wide.columns]
+    frame = wide.select(*label_cols, *value_cols, "G").with_columns(pl.col(value_cols).fill_null(MISSING))
+    notes = ["Full-state accuracy (%) at each test depth; G = d50 / d_train; mean ± std over seeds (ddof = 1), "
+             "(n) seeds; ≥: some seed never fell below the midpoint, so G is a lower bound."]
+    if not one_train:
+        notes.append(f"Configurations use different train depths {d_train.sort().to_list()}; columns are absolute "
+                     "test depths.")
+    return Table("main_results", f"Extrapolation by test depth{_task_title(wide)}", frame,
+                 (*notes, *_exclusion_note(summary)))
+
+
+def scale_results(summary: Summary, multiple: float = SCALE_MULTIPLE) -> Table:
+    """Rows backbone × recipe (× task): accuracy at ``multiple``× the train length, or the largest tested multiple
+    when that was not tested, then G."""
+    acc = summary.accuracy.filter(pl.col("multiple").is_not_null())
+    pick = (
+        acc.with_columns((pl.col("multiple") == multiple).alias("_hit"))
+        .sort("_hit", "multiple")
+        .group_by(GROUP, maintain_order=True)
+        .last()
+    )
+    rows = pick.select(
+        *GROUP,
+        pl.struct("depth", "train_depth")
+        .map_elements(lambda r: depth_label(r["depth"], r["train_depth"]), return_dtype=pl.String)
+        .alias("test depth"),
+        _acc_cell_expr().alias("accuracy (%)"),
+    )
+    wide = ordered(_g_cells(summary.G).join(rows, on=GROUP, how="left", nulls_equal=True),
+                   ["task", "backbone", "recipe"])
+    label_cols = _label_columns(wide, ["task", "backbone", "recipe"])
+    frame = wide.select(*label_cols, "test depth", "accuracy (%)", "G").fill_null(MISSING)
+    note = (f"Accuracy at {multiple:g}× the train length, or at the largest tested multiple where {multiple:g}× was "
+            "not tested; mean ± std (n) over seeds.")
+    shown = pick.get_column("multiple").unique()
+    at = f"{multiple:g}×" if shown.to_list() == [multiple] or shown.is_empty() else (
+        f"the largest tested multiple, {shown.item():g}×" if shown.len() == 1 else f"{multiple:g}× (or less)")
+    return Table("scale", f"Backbones at {at} the train length{_task_title(wide)}", frame,
+                 (note, *_exclusion_note(summary)))
+
+
+def halting_results(summary: Summary) -> Table | None:
+    """Rows recipe × backbone × test depth: halting-rule and oracle accuracy (%), gap (points), iterations run.
+    ``None`` when no trial logged halting metrics."""
+    h = summary.halting
+    if h.is_empty():
+        return None
+    rows = h.select(
+        *GROUP,
+        "depth",
+        pl.struct("depth", "train_depth")
+        .map_elements(lambda r: depth_label(r["depth"], r["train_depth"]), return_dtype=pl.String)
+        .alias("test depth"),
+        _acc_cell_expr("halt_").alias("halting (%)"),
+        _acc_cell_expr("oracle_").alias("oracle (%)"),
+        _acc_cell_expr("gap_").alias("oracle − halting (pts)"),
+        pl.col("halt_iter_mean").map_elements(lambda v: f"{v:.1f}", return_dtype=pl.String).alias("iterations"),
+    )
+    rows = ordered(rows, ["task", "recipe", "backbone"], then=("depth",))
+    label_cols = _label_columns(rows, ["task", "recipe", "backbone"])
+    frame = rows.select(*label_cols, "test depth", "halting (%)", "oracle (%)", "oracle − halting (pts)",
+                        "iterations").fill_null(MISSING)
+    note = ("Halting: stop by the halting rule; oracle: best iteration; gap in accuracy points; iterations: mean "
+            "iterations run under the halting rule. Mean ± std (n) over seeds.")
+    return Table("halting", f"Halting vs oracle stopping{_task_title(rows)}", frame, (note, *_exclusion_note(summary)))
+
+
+def ablation_results(summary: Summary) -> Table | None:
+    """Rows backbone × (anchoring, targets) × recipe: accuracy at the largest multiple tested by every row, then G.
+    ``None`` when no trial logged ``recipe.anchoring`` / ``recipe.targets``."""
+    g = summary.G.filter(pl.col("anchoring").is_not_null() | pl.col("targets").is_not_null())
+    if g.is_empty():
+        return None
+    acc = summary.accuracy.join(g.select(GROUP), on=GROUP, how="semi", nulls_equal=True)
+    common = acc.group_by(GROUP).agg(pl.col("multiple").max()).get_column("multiple").min()
+    at = acc.filter(pl.col("multiple") == common) if common is not None else acc.clear()
+    column = f"accuracy at {common:g}× (%)" if common is not None else "accuracy (%)"
+    rows = at.select(*GROUP, _acc_cell_expr().alias(column))
+    wide = _g_cells(g).join(g.select(*GROUP, "anchoring", "targets"), on=GROUP, nulls_equal=True)
+    wide = wide.join(rows, on=GROUP, how="left", nulls_equal=True)
+    wide = ordered(wide, ["task", "backbone", "anchoring", "targets", "recipe"])
+    label_cols = _label_columns(wide, ["task", "backbone", "anchoring", "targets", "recipe"])
+    frame = wide.select(*label_cols, column, "G").fill_null(MISSING)
+    note = ("Anchoring: RMS norm anchoring on/off (recipe.anchoring); targets: progress-aligned or final-answer "
+            "supervision (recipe.targets). Mean ± std (n) over seeds.")
+    return Table("ablation", f"Ablation: anchoring × targets{_task_title(wide)}", frame,
+                 (note, *_exclusion_note(summary)))
+
+
+def build_tables(summary: Summary) -> list[Table]:
+    """Every layout that the sweep's metrics support (halting and ablation only when logged)."""
+    tables = [main_results(summary), scale_results(summary), halting_results(summary), ablation_results(summary)]
+    return [t for t in tables if t is not None]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# rendering
+
+
+def to_markdown(table: Table) -> str:
+    """GitHub Markdown: bold caption, pipe table, notes as a paragraph."""
+    def row(values) -> str:
+        return "| " + " | ".join(str(v).replace("|", "\\|") for v in values) + " |"
+
+    lines = [f"**{table.title}**", "", row(table.frame.columns),
+             "| " + " | ".join("---" if i < _n_labels(table) else "---:" for i in range(table.frame.width)) + " |"]
+    lines += [row(r) for r in table.frame.iter_rows()]
+    if table.notes:
+        lines += ["", *table.notes]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(table: Table) -> str:
+    """The cells as CSV, header = column labels (caption and notes are not part of the CSV)."""
+    return table.frame.write_csv()
+
+
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+                  "±": r"$\pm$", "≥": r"$\geq$", "×": r"$\times$", "–": "--", "−": "$-$"}
+_LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX_SPECIAL))
+
+
+def latex_escape(text: str) -> str:
+    """Escape LaTeX specials and map ±, ≥, ×, – and − to math / dashes."""
+    return _LATEX_RE.sub(lambda m: _LATEX_SPECIAL[m.group()], text)
+
+
+def to_latex(table: Table) -> str:
+    """A ``table`` float with a booktabs ``tabular`` (needs ``\\usepackage{booktabs}``), caption, label
+    ``tab:<name>`` and the notes in footnotesize."""
+    n_labels = _n_labels(table)
+    spec = "l" * n_labels + "r" * (table.frame.width - n_labels)
+    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{latex_escape(table.title)}}}",
+             rf"\label{{tab:{table.name}}}", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+             " & ".join(latex_escape(c) for c in table.frame.columns) + r" \\", r"\midrule"]
+    lines += [" & ".join(latex_escape(str(v)) for v in r) + r" \\" for r in table.frame.iter_rows()]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if table.notes:
+        lines += [r"\par\smallskip", r"{\footnotesize " + latex_escape(" ".join(table.notes)) + "}"]
+    lines.append(r"\end{table}")
+    return "\n".join(lines) + "\n"
+
+
+def _n_labels(table: Table) -> int:
+    """Leading label (left-aligned) columns: the key columns before the first value column."""
+    keys = {"task", "backbone", "recipe", "anchoring", "targets", "test depth"}
+    n = 0
+    for c in table.frame.columns:
+        if c not in keys:
+            break
+        n += 1
+    return n
+
+
+def write_tables(tables: list[Table], out_dir: str | Path) -> dict[str, dict[str, Path]]:
+    """Write ``<name>.md``, ``<name>.csv`` and ``<name>.tex`` per table into ``out_dir`` (created).
+
+    Returns ``{name: {"md": path, "csv": path, "tex": path}}``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, dict[str, Path]] = {}
+    for t in tables:
+        paths = {"md": out / f"{t.name}.md", "csv": out / f"{t.name}.csv", "tex": out / f"{t.name}.tex"}
+        paths["md"].write_text(to_markdown(t), encoding="utf-8")
+        paths["csv"].write_text(to_csv(t), encoding="utf-8")
+        paths["tex"].write_text(to_latex(t), encoding="utf-8")
+        written[t.name] = paths
+    return written
