@@ -34,3 +34,59 @@ def paper_trial(backbone: str = "qwen2.5-0.5b", task: str = "swap_s5", seed: int
                           num_workers=1, eval_every=1000, report_every=50, checkpoint_every=500),
         eval=EvalConfig(depths=(32, 64, 128, 256, 512), num_sequences=1024, batch_size=128),
     )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Sweep presets (par_ray.sweep): one base trial per (preset, backbone, task, seed), parallelism chosen by size.
+
+PRESETS = {"local": local_trial, "paper": paper_trial}
+"""Preset name → base-trial function ``(backbone, task, seed) -> TrialConfig``."""
+PRESET_BACKBONES = {"local": LOCAL_BACKBONES, "paper": PAPER_BACKBONES}
+"""Backbones a sweep runs by default under each preset."""
+
+PAPER_PARALLELISM = (
+    # (largest size in billions of parameters, strategy, GPUs per trial, ZeRO stage). Full fine-tuning in bf16 autocast
+    # with fp32 AdamW holds ~16 bytes per parameter before activations: 1.7B ≈ 27 GB fits one 80 GB GPU; 3B-4B
+    # (48-64 GB) leave too little room for the loop's activations, so FSDP shards them over 2 GPUs; 7B (≈ 112 GB)
+    # needs ZeRO-3 over 4 GPUs. par_ray.planner gives the detailed estimate (``--dry-run``).
+    (2.0, "ddp", 1, 2),
+    (5.0, "fsdp", 2, 2),
+    (float("inf"), "deepspeed", 4, 3),
+)
+
+
+def paper_parallelism(backbone: str) -> dict[str, object]:
+    """Flat ``train.*`` overrides (strategy, workers, ZeRO stage) for ``backbone`` under the paper preset."""
+    from par_ray.model.backbones import BACKBONES
+
+    size = BACKBONES[backbone].reported_params or 0.0
+    for limit, strategy, workers, stage in PAPER_PARALLELISM:
+        if size <= limit:
+            return {"train.strategy": strategy, "train.num_workers": workers, "train.zero_stage": stage}
+    raise AssertionError("PAPER_PARALLELISM ends with an unbounded row")
+
+
+def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 0) -> TrialConfig:
+    """The base trial of ``preset`` (``local`` or ``paper``) for one backbone, task and seed.
+
+    Raises ``ValueError`` naming ``preset`` or ``backbone.name`` when unknown.
+    """
+    from par_ray.config import from_flat
+    from par_ray.model.backbones import BACKBONES
+
+    if preset not in PRESETS:
+        raise ValueError(f"preset: {preset!r} is not one of {list(PRESETS)}")
+    if backbone not in BACKBONES:
+        raise ValueError(f"backbone.name: {backbone!r} is not one of {sorted(BACKBONES)}")
+    cfg = PRESETS[preset](backbone, task, seed)
+    return from_flat(paper_parallelism(backbone), base=cfg) if preset == "paper" else cfg
+
+
+def smoke_overrides(cfg: TrialConfig) -> dict[str, object]:
+    """Flat overrides that turn a preset trial into a smoke test: 4 steps of 8 sequences, the first two test depths
+    with 16 sequences each, evaluation, report and checkpoint every 2 steps (so every report carries G)."""
+    return {
+        "train.steps": 4, "train.batch_size": 8, "train.warmup_steps": 1, "train.eval_every": 2,
+        "train.report_every": 2, "train.checkpoint_every": 2,
+        "eval.depths": ",".join(str(d) for d in cfg.eval.depths[:2]), "eval.num_sequences": 16, "eval.batch_size": 16,
+    }

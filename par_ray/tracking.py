@@ -1,0 +1,351 @@
+"""MLflow tracking of sweeps: one experiment per sweep kind, a parent run per sweep, a child run per trial.
+
+The schema (``analysis/`` reads it; tags, never run names, identify things):
+
+- experiment ``par_ray/<sweep name>`` (e.g. ``par_ray/backbone_scaling``);
+- parent run per sweep, tags ``par_ray.role = "sweep"``, ``par_ray.sweep = <name>`` and
+  ``par_ray.experiment_path`` (the Tune experiment directory, which identifies the sweep on ``--resume``);
+- child run per trial, tags ``mlflow.parentRunId``, ``par_ray.role = "trial"``, ``par_ray.trial_id``,
+  ``par_ray.recipe``, ``par_ray.backbone``, ``par_ray.task``, ``par_ray.seed``, ``par_ray.git_commit``;
+  params = ``par_ray.config.to_flat(cfg)`` without anything that looks like a secret (:func:`redact`);
+  step metrics logged with ``step=`` the optimizer step, so the latest value of each is the final one;
+  artifacts ``accuracy_by_depth.json``, ``accuracy_by_depth.csv``, ``accuracy_by_depth.png``, ``config.json``.
+
+A restored sweep finds its parent run by ``par_ray.experiment_path`` and each trial's child run by
+``par_ray.trial_id`` under that parent, so resuming never duplicates runs. Everything here runs in the sweep's
+driver process (``par_ray.sweep`` calls it from a Tune callback); training workers never talk to MLflow.
+
+Tracking URI: ``--mlflow-uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///<storage>/mlflow.db`` with artifacts
+in ``<storage>/mlartifacts`` (:func:`tracking_uri`, :func:`artifact_root`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import typing
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from par_ray.config import TrialConfig, to_flat
+
+EXPERIMENT_PREFIX = "par_ray/"
+TAG_ROLE = "par_ray.role"
+TAG_SWEEP = "par_ray.sweep"
+TAG_EXPERIMENT_PATH = "par_ray.experiment_path"
+TAG_TRIAL_ID = "par_ray.trial_id"
+TAG_PARENT = "mlflow.parentRunId"
+TAG_GIT_COMMIT = "par_ray.git_commit"
+ARTIFACTS = ("accuracy_by_depth.json", "accuracy_by_depth.csv", "accuracy_by_depth.png", "config.json")
+
+_SECRET_KEY = re.compile(r"token|secret|passw(or)?d|passwd|credential|auth|api[_-]?key|access[_-]?key|private[_-]?key"
+                         r"|(^|[._-])key($|[._-])", re.IGNORECASE)
+_SECRET_VALUE = re.compile(r"^(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{16,}|AKIA[0-9A-Z]{16}"
+                           r"|xox[abprs]-[A-Za-z0-9-]+)|://[^/\s:@]+:[^/\s@]+@")
+
+
+def redact(values: typing.Mapping[str, typing.Any]) -> dict[str, typing.Any]:
+    """``values`` without entries whose key looks like a token / key / secret / password, or whose value looks like a
+    credential (``hf_…``, ``sk-…``, ``ghp_…``, ``AKIA…``, ``xox?-…`` tokens, ``scheme://user:password@`` URLs)."""
+    return {k: v for k, v in values.items()
+            if not _SECRET_KEY.search(str(k)) and not (isinstance(v, str) and _SECRET_VALUE.search(v))}
+
+
+def experiment_name(sweep: str) -> str:
+    return EXPERIMENT_PREFIX + sweep
+
+
+def tracking_uri(flag: str | None, storage: str) -> str:
+    """``--mlflow-uri`` if given, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///<storage>/mlflow.db``.
+
+    Raises ``ValueError`` naming ``--mlflow-uri`` when ``storage`` is a URI (``s3://`` …) and no URI is given.
+    """
+    if flag:
+        return flag
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    if "://" in storage:
+        raise ValueError(f"--mlflow-uri: required when --storage is a URI ({storage}); e.g. http://127.0.0.1:5000")
+    return "sqlite:///" + str(Path(storage).expanduser().resolve() / "mlflow.db")
+
+
+def artifact_root(uri: str) -> str | None:
+    """Artifact location of new experiments: ``mlartifacts/`` beside a SQLite store (not the process's working
+    directory, which under ``ray job submit`` is temporary); ``None`` (the server's or store's default) otherwise."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
+def git_commit(cwd: str | None = None) -> str:
+    """HEAD of the repository at ``cwd`` (``PAR_RAY_GIT_COMMIT`` wins; ``"unknown"`` outside a git checkout)."""
+    if os.environ.get("PAR_RAY_GIT_COMMIT"):
+        return os.environ["PAR_RAY_GIT_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or os.getcwd(), capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def trial_tags(cfg: TrialConfig, trial_id: str, parent_run_id: str, commit: str) -> dict[str, str]:
+    """The child-run tags of one trial (see the module docstring)."""
+    return {
+        TAG_PARENT: parent_run_id,
+        TAG_ROLE: "trial",
+        TAG_TRIAL_ID: trial_id,
+        "par_ray.recipe": cfg.recipe.name,
+        "par_ray.backbone": cfg.backbone.name,
+        "par_ray.task": cfg.task.name,
+        "par_ray.seed": str(cfg.train.seed),
+        TAG_GIT_COMMIT: commit,
+    }
+
+
+@dataclass
+class SweepTracker:
+    """MLflow handle of one sweep, used by the sweep driver only. Picklable (Tune pickles its callbacks)."""
+
+    uri: str
+    """Tracking URI."""
+    experiment_id: str
+    parent_run_id: str
+    git_commit: str = "unknown"
+    _runs: dict[str, str] = field(default_factory=dict, repr=False)
+    """trial id → child run id (a cache of the tag look-up)."""
+    _client: typing.Any = field(default=None, repr=False)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_client"] = None
+        return state
+
+    @property
+    def client(self):
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    # -- parent run ----------------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, sweep: str, experiment_path: str, uri: str, params: typing.Mapping[str, typing.Any] | None = None,
+             tags: typing.Mapping[str, str] | None = None, commit: str | None = None) -> "SweepTracker":
+        """Get or create the experiment ``par_ray/<sweep>`` and the parent run of the sweep stored at
+        ``experiment_path`` (an existing one is reused and set RUNNING again)."""
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        name = experiment_name(sweep)
+        exp = client.get_experiment_by_name(name)
+        exp_id = exp.experiment_id if exp else client.create_experiment(name, artifact_location=artifact_root(uri))
+        commit = commit or git_commit()
+        found = client.search_runs(
+            [exp_id], filter_string=f"tags.`{TAG_ROLE}` = 'sweep' and tags.`{TAG_EXPERIMENT_PATH}` = "
+                                    f"'{_quote(experiment_path)}'", max_results=1)
+        if found:
+            run_id = found[0].info.run_id
+            client.update_run(run_id, status="RUNNING")
+        else:
+            all_tags = {TAG_ROLE: "sweep", TAG_SWEEP: sweep, TAG_EXPERIMENT_PATH: experiment_path,
+                        TAG_GIT_COMMIT: commit, **redact(dict(tags or {}))}
+            run_id = client.create_run(exp_id, tags=all_tags, run_name=sweep).info.run_id
+            _log_params(client, run_id, params or {})
+        return cls(uri=uri, experiment_id=exp_id, parent_run_id=run_id, git_commit=commit, _client=client)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """End the parent run (``FINISHED``, ``FAILED`` or ``KILLED``)."""
+        self.client.set_terminated(self.parent_run_id, status=status)
+
+    def log_sweep_artifacts(self, local_dir: str, artifact_path: str | None = None) -> None:
+        """Upload the files of ``local_dir`` (tables, plots) to the parent run."""
+        self.client.log_artifacts(self.parent_run_id, local_dir, artifact_path)
+
+    # -- child runs ----------------------------------------------------------------------------------------------
+
+    def find_trial_run(self, trial_id: str) -> str | None:
+        """The child run of ``trial_id`` under this sweep's parent, if one exists."""
+        if trial_id in self._runs:
+            return self._runs[trial_id]
+        found = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{TAG_PARENT}` = '{self.parent_run_id}' and tags.`{TAG_TRIAL_ID}` = "
+                          f"'{_quote(trial_id)}'",
+            max_results=1)
+        if found:
+            self._runs[trial_id] = found[0].info.run_id
+        return self._runs.get(trial_id)
+
+    def start_trial(self, trial_id: str, cfg: TrialConfig, run_name: str | None = None) -> str:
+        """Get or create the child run of ``trial_id`` and mark it RUNNING. A new run gets its tags and params."""
+        run_id = self.find_trial_run(trial_id)
+        if run_id is not None:
+            self.client.update_run(run_id, status="RUNNING")
+            return run_id
+        tags = redact(trial_tags(cfg, trial_id, self.parent_run_id, self.git_commit))
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=run_name or trial_id)
+        run_id = self._runs[trial_id] = run.info.run_id
+        _log_params(self.client, run_id, to_flat(cfg))
+        return run_id
+
+    def log_metrics(self, trial_id: str, metrics: typing.Mapping[str, typing.Any], step: int) -> None:
+        """Numeric entries of ``metrics`` at optimizer step ``step`` (booleans and strings are skipped)."""
+        from mlflow.entities import Metric
+
+        run_id = self._runs.get(trial_id) or self.find_trial_run(trial_id)
+        if run_id is None:
+            return
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, int(step)) for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        for i in range(0, len(batch), 900):  # MLflow's per-request metric limit is 1,000
+            self.client.log_batch(run_id, metrics=batch[i:i + 900])
+
+    def finish_trial(self, trial_id: str, cfg: TrialConfig, final: typing.Mapping[str, typing.Any] | None,
+                     status: str) -> None:
+        """Log the artifacts of a trial from its final metrics and end its run with ``status``."""
+        run_id = self._runs.get(trial_id) or self.find_trial_run(trial_id)
+        if run_id is None:
+            return
+        final = dict(final or {})
+        if final.get("G_censored") and "step" in final:  # d50 was not reached: make the last value say so
+            self.log_metrics(trial_id, {"d50": math.nan}, int(final["step"]))
+        with tempfile.TemporaryDirectory() as d:
+            write_trial_artifacts(d, cfg, final)
+            self.client.log_artifacts(run_id, d)
+        self.client.set_terminated(run_id, status=status)
+
+
+def write_trial_artifacts(out_dir: str, cfg: TrialConfig, final: typing.Mapping[str, typing.Any]) -> list[str]:
+    """Write ``config.json`` and, when the trial was evaluated, ``accuracy_by_depth.{json,csv,png}`` into ``out_dir``.
+
+    Returns the file names written.
+    """
+    out = Path(out_dir)
+    (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    written = ["config.json"]
+    depths = [d for d in cfg.eval.depths if f"acc_d{d}" in final]
+    if not depths:
+        return written
+    d_train = cfg.task.train_depth
+    rows = [{"depth": d, "multiple": d / d_train, "acc": float(final[f"acc_d{d}"]),
+             "acc_query": float(final.get(f"acc_query_d{d}", math.nan))} for d in depths]
+    summary = {
+        "task": cfg.task.name, "backbone": cfg.backbone.name, "recipe": cfg.recipe.name, "seed": cfg.train.seed,
+        "train_depth": d_train, "chance": final.get("chance"), "d50": final.get("d50"), "G": final.get("G"),
+        "G_censored": bool(final.get("G_censored", 0.0)), "by_depth": rows,
+    }
+    (out / "accuracy_by_depth.json").write_text(json.dumps(summary, indent=2))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=["depth", "multiple", "acc", "acc_query"])
+    writer.writeheader()
+    writer.writerows(rows)
+    (out / "accuracy_by_depth.csv").write_text(buf.getvalue())
+    _plot_accuracy(out / "accuracy_by_depth.png", cfg, rows, final)
+    return written + ["accuracy_by_depth.json", "accuracy_by_depth.csv", "accuracy_by_depth.png"]
+
+
+def _plot_accuracy(path: Path, cfg: TrialConfig, rows: list[dict], final: typing.Mapping[str, typing.Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4), dpi=100)
+    ax.plot([r["depth"] for r in rows], [r["acc"] for r in rows], "o-", label="full-state")
+    ax.plot([r["depth"] for r in rows], [r["acc_query"] for r in rows], "s--", label="per-query", alpha=0.7)
+    if final.get("chance") is not None:
+        chance = float(final["chance"])
+        ax.axhline(chance, color="grey", lw=0.8, ls=":", label="chance")
+        ax.axhline((chance + 1) / 2, color="grey", lw=0.8, ls="-.", label="midpoint (d50)")
+    ax.axvline(cfg.task.train_depth, color="k", lw=0.8, label="d_train")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("test depth d")
+    ax.set_ylabel("accuracy")
+    G = final.get("G")
+    ax.set_title(f"{cfg.task.name} · {cfg.backbone.name} · {cfg.recipe.name} · seed {cfg.train.seed}"
+                 + (f" · G {'≥ ' if final.get('G_censored') else ''}{float(G):.2f}" if G is not None else ""),
+                 fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _log_params(client, run_id: str, params: typing.Mapping[str, typing.Any]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, "None" if v is None else str(v)) for k, v in redact(params).items()]
+    for i in range(0, len(items), 90):  # MLflow's per-request param limit is 100
+        client.log_batch(run_id, params=items[i:i + 90])
+
+
+def _quote(value: str) -> str:
+    return value.replace("'", "\\'")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# A local tracking server (tests and scripts/mlflow_screenshot.py)
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_server(backend_uri: str, artifacts_dir: str, port: int | None = None,
+                 timeout_s: float = 180.0) -> typing.Iterator[str]:
+    """Run ``mlflow server`` on 127.0.0.1 (one worker, no job runner) over ``backend_uri``; yields its URL.
+
+    MLflow's defaults (four workers plus a job-runner pool) take ~30 s and ~3 GB; this takes ~15 s and ~0.6 GB.
+    Raises ``RuntimeError`` with the server's log tail if it does not answer ``/health`` within ``timeout_s``.
+    """
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    log = tempfile.NamedTemporaryFile("w+", prefix="mlflow_server_", suffix=".log", delete=False)
+    mlflow_bin = str(Path(sys.executable).with_name("mlflow"))
+    cmd = [mlflow_bin if os.path.exists(mlflow_bin) else "mlflow", "server", "--backend-store-uri", backend_uri,
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--artifacts-destination", artifacts_dir]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                log.seek(0)
+                raise RuntimeError(f"mlflow server did not start on {url}:\n{log.read()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)  # the server's own process group: uvicorn worker included
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+        log.close()
+        os.unlink(log.name)

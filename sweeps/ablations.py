@@ -1,0 +1,31 @@
+"""Ablations: norm anchoring × target type (paper §5): PAR, no anchoring, final-answer targets, and both off.
+
+Recipes ``par`` (anchoring on, progress targets), ``no_anchor`` (anchoring off), ``final_answer`` (final-answer
+targets) and ``final_no_anchor`` (anchoring off and final-answer targets), each across the preset's backbones × seeds.
+
+    python sweeps/ablations.py --smoke-test --backbones tiny-qwen2 --seeds 0
+"""
+
+import sys
+
+from par_ray.config import TrialConfig, with_overrides
+from par_ray.recipes import final_answer
+from par_ray.sweep import SweepSpec, main
+
+
+def final_no_anchor(cfg: TrialConfig) -> TrialConfig:
+    """Both ablations at once: final-answer targets and no RMS norm anchoring."""
+    return with_overrides(final_answer(cfg), recipe=dict(name="final_no_anchor", anchoring=False))
+
+
+SPEC = SweepSpec(
+    name="ablations",
+    description=__doc__.splitlines()[0],
+    recipes=("par", "no_anchor", "final_answer", "final_no_anchor"),
+    extra_recipes={"final_no_anchor": final_no_anchor},
+    tasks=("swap_s5",),
+    seeds=(0, 1, 2),
+)
+
+if __name__ == "__main__":
+    sys.exit(main(SPEC))
