@@ -21,6 +21,7 @@ DEPTH_SCHEDULES = ("forced", "hold")
 STRATEGIES = ("ddp", "fsdp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
 POSITION_SCHEMES = ("rope", "none")
+OP_ORDERS = ("forward", "recent_first")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class TaskConfig:
     """d_train: the largest depth (number of operations in the prompt) trained on."""
     min_train_depth: int = 1
     """Smallest depth sampled during training."""
+    op_order: str = "forward"
+    """Prompt serialisation: ``forward`` (op_1 first, the paper's) or ``recent_first`` (op_d first); see
+    ``par_ray.tasks.common.RecentFirst``."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,7 @@ def config_errors(cfg: TrialConfig) -> list[str]:
             errs.append(f"{name}: {msg}")
 
     check(t.name in TASK_NAMES, "task.name", f"{t.name!r} is not one of {list(TASK_NAMES)}")
+    check(t.op_order in OP_ORDERS, "task.op_order", f"{t.op_order!r} is not one of {list(OP_ORDERS)}")
     check(t.train_depth >= 1, "task.train_depth", f"must be >= 1, got {t.train_depth}")
     check(1 <= t.min_train_depth <= max(t.train_depth, 1), "task.min_train_depth",
           f"must be in [1, task.train_depth={t.train_depth}], got {t.min_train_depth}")

@@ -163,3 +163,16 @@ def test_registry():
     assert list(TASKS) == list(NAMES) and all(TASKS[n].name == n for n in NAMES)
     with pytest.raises(ValueError, match=r"task.name: 'x' is not one of \['swap_s5', 's5', 'a5'\]"):
         get_task("x")
+
+
+def test_recent_first_reverses_only_the_operations():
+    from par_ray.config import TaskConfig
+    from par_ray.tasks import build_task
+
+    fwd = build_task(TaskConfig(name="swap_s5"))
+    rev = build_task(TaskConfig(name="swap_s5", op_order="recent_first"))
+    a, b = fwd.sample(6, 4, seed=2, step=3), rev.sample(6, 4, seed=2, step=3)
+    assert torch.equal(b.input_ids[:, 1:7], a.input_ids[:, 1:7].flip(1))
+    assert torch.equal(b.input_ids[:, 7:], a.input_ids[:, 7:]) and torch.equal(b.input_ids[:, 0], a.input_ids[:, 0])
+    assert torch.equal(b.states, a.states) and torch.equal(b.read_positions, a.read_positions)
+    assert rev.full_state_chance == fwd.full_state_chance and rev.vocab_size == fwd.vocab_size

@@ -6,7 +6,7 @@ has its own module.
 
 from __future__ import annotations
 
-from par_ray.tasks.common import Episode, Task
+from par_ray.tasks.common import Episode, RecentFirst, Task
 from par_ray.tasks.permutations import A5, S5, SWAP_S5
 
 TASKS: dict[str, Task] = {task.name: task for task in (SWAP_S5, S5, A5)}
@@ -19,4 +19,17 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
-__all__ = ["TASKS", "Episode", "Task", "get_task"]
+OP_ORDERS = ("forward", "recent_first")
+
+
+def build_task(task_cfg) -> Task:
+    """The task a ``TaskConfig`` describes: ``get_task(name)``, serialised per ``op_order``."""
+    task = get_task(task_cfg.name)
+    if task_cfg.op_order == "recent_first":
+        return RecentFirst(task)
+    if task_cfg.op_order != "forward":
+        raise ValueError(f"task.op_order: {task_cfg.op_order!r} is not one of {list(OP_ORDERS)}")
+    return task
+
+
+__all__ = ["TASKS", "OP_ORDERS", "Episode", "RecentFirst", "Task", "build_task", "get_task"]

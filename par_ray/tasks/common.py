@@ -92,3 +92,28 @@ class Task:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, vocab_size={self.vocab_size}, num_queries={self.num_queries})"
+
+
+class RecentFirst(Task):
+    """The same task with the operations listed most recent first: ``[BOS, op_d, …, op_1, SEP, queries]``.
+
+    The answers are unchanged (states still follow the order in which operations are *applied*); only the prompt's
+    serialisation changes. An option of this framework, not of the PAR paper (``TaskConfig.op_order``): with it, the
+    state after the first k operations is the composition of the k operations *nearest* the queries, so a core that
+    composes its state with the previous token's at every iteration (relative position −1, length-agnostic under
+    rotary embeddings) produces exactly the progress-aligned targets z_k. Requires the shared layout of
+    ``permutations.py`` (operations at positions 1..d).
+    """
+
+    def __init__(self, base: Task):
+        self.base = base
+        for attr in ("vocab_size", "num_queries", "chance", "full_state_chance", "answer_token_ids"):
+            setattr(self, attr, getattr(base, attr))
+        self.name = base.name
+
+    def sample(self, depth: int, n: int, seed: int, step: int = 0) -> Episode:
+        """The base task's batch with positions 1..d reversed; same shapes and states as ``base.sample``."""
+        ep = self.base.sample(depth, n, seed, step)
+        ids = ep.input_ids.clone()
+        ids[:, 1 : depth + 1] = ep.input_ids[:, 1 : depth + 1].flip(1)
+        return Episode(input_ids=ids, read_positions=ep.read_positions, states=ep.states, depth=ep.depth)

@@ -22,7 +22,7 @@ import torch
 from par_ray.config import TrialConfig
 from par_ray.evaluation import accuracy_by_depth, extrapolation
 from par_ray.model.looped import build_looped
-from par_ray.tasks import get_task
+from par_ray.tasks import build_task
 from par_ray.train.step import train_step
 from par_ray.train.strategies import World, prepare
 
@@ -65,7 +65,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         torch.set_num_threads(tc.threads_per_worker)
     log = _Printer() if world.rank == 0 else _Silent()
 
-    task = get_task(cfg.task.name)
+    task = build_task(cfg.task)
     torch.manual_seed(tc.seed)  # identical init on every rank
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=task.vocab_size)
     engine = prepare(model, tc, world)
@@ -81,8 +81,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     last_eval: dict[str, float] = {}
     window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
     for step in range(start, tc.steps):
-        if step == tc.fail_at_step and checkpoint is None and world.rank == 0:
-            os._exit(1)  # fault injection: this worker dies once; Ray restarts the group from the last checkpoint
+        if step == tc.fail_at_step and checkpoint is None:
+            _kill_rank_zero(engine)  # fault injection, once: the restarted group resumes from a checkpoint
         res = train_step(engine, task, cfg.task, cfg.recipe, tc.seed, step, tc.batch_size, world.rank, world.size)
         train_seconds += res.seconds
         window["loss"] += res.loss
@@ -96,13 +96,19 @@ def train_loop_per_worker(loop_config: dict) -> None:
         want_ckpt = is_last or (tc.checkpoint_every and done % tc.checkpoint_every == 0)
         if done % tc.report_every == 0 or is_last or want_ckpt:
             n = max(window["n"], 1)
+            # Losses, accuracy and state RMS are means over this rank's rows; average them over ranks (equal
+            # shards) so the report is the global batch's, whatever the world size.
+            K = len(res.per_iteration)
+            window_loss, last_loss, train_acc, *rest = _mean_over_ranks(
+                engine, [window["loss"], res.loss, res.accuracy, *res.per_iteration, *res.state_rms])
+            per_iteration, state_rms = rest[:K], rest[K:]
             metrics = {
                 "step": done,
-                "loss": window["loss"] / n,
-                "loss_last_step": res.loss,
-                **{f"loss_k{k}": v for k, v in zip(res.iterations, res.per_iteration)},
-                **{f"rms_k{k}": v for k, v in enumerate(res.state_rms, start=1)},
-                "train_acc": res.accuracy,
+                "loss": window_loss / n,
+                "loss_last_step": last_loss,
+                **{f"loss_k{k}": v for k, v in zip(res.iterations, per_iteration)},
+                **{f"rms_k{k}": v for k, v in enumerate(state_rms, start=1)},
+                "train_acc": train_acc,
                 "depth": res.plan.depth,
                 "R": res.plan.R,
                 "lr": engine.lr,
@@ -124,6 +130,30 @@ def train_loop_per_worker(loop_config: dict) -> None:
                     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))  # ray
             else:
                 ray.train.report(metrics)  # ray
+
+
+def _mean_over_ranks(engine, values: list[float]) -> list[float]:
+    """Element-wise mean of ``values`` over ranks (one all-reduce; every rank calls it at the same step)."""
+    t = torch.tensor(values, dtype=torch.float64, device=engine.device)
+    return (engine.all_reduce_sum(t) / engine.world.size).tolist()
+
+
+def _kill_rank_zero(engine) -> None:
+    """Fault injection (``train.fail_at_step``): worker rank 0 dies with ``os._exit(1)``, like a lost node.
+
+    Before dying, every rank waits until Ray Train's controller has taken its pending reports (the queue between
+    a worker and the controller holds one report and is polled every couple of seconds), then all ranks meet at a
+    barrier. Without this the last checkpoint report could die with the worker, unregistered, and the restarted
+    group would begin from an older checkpoint or from scratch, and die again. Rank 1.. carry on into the next
+    step's collectives and are stopped by Ray. ``TrainConfig.fail_at_step`` is refused in local mode and unless a
+    checkpoint precedes it (``par_ray.train.trainer.build_trainer``).
+    """
+    from ray.train.v2._internal.execution.context import get_train_context  # ray: no public "report consumed" API
+
+    get_train_context().get_result_queue().join()  # ray
+    engine.all_reduce_sum(torch.zeros(1, device=engine.device))  # barrier
+    if engine.world.rank == 0:
+        os._exit(1)
 
 
 def _peak_memory_mb(device: torch.device) -> float:

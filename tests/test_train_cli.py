@@ -1,0 +1,51 @@
+"""The single-process trainer: bad input gives one clear error; a short run learns (loss falls) and writes result.json.
+
+The full learning benchmark (≥ 95 % full-state accuracy at d = 8 within 20 minutes) is not a test: see README
+"Results" and docs/experiments.md. This is its short form.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from par_ray.train.__main__ import main
+
+PY = sys.executable
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--backbone", "gpt-5"], "backbone.name"),
+    (["--task", "chess"], "task.name"),
+    (["--recipe", "magic"], "recipe"),
+    (["--train-depth", "0"], "task.train_depth"),
+    (["--train-depth", "8", "--eval-depths", "4,16"], "eval.depths"),
+    (["--set", "backbone.split=1,1,1"], "backbone.split"),
+    (["--set", "train.lr"], "--set"),
+    (["--set", "train.nope=3"], "train.nope"),
+])
+def test_bad_input_is_one_clear_error(argv, field, capsys):
+    assert main(argv + ["--out", "/nonexistent/never-created"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and field in err and "Traceback" not in err
+
+
+def test_malformed_list_is_rejected_by_argparse_without_traceback():
+    proc = subprocess.run([PY, "-m", "par_ray.train", "--eval-depths", "8,x"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "comma-separated integers" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_short_run_learns_and_writes_result(tmp_path):
+    out = tmp_path / "run"
+    argv = ["--steps", "60", "--train-depth", "4", "--eval-depths", "4,8", "--seed", "1", "--out", str(out),
+            "--set", "train.eval_every=60", "--set", "train.report_every=20", "--set", "train.lr=3e-3",
+            "--set", "train.warmup_steps=10", "--set", "eval.num_sequences=64"]
+    assert main(argv) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert set(result["accuracy_by_depth"]) == {"4", "8"}
+    for key in ("d50", "G", "train_seconds", "config"):
+        assert key in result
+    assert result["config"]["task.train_depth"] == 4
+    # loss falls well below its start (ln 5 ≈ 1.61 per query at chance, ~3.1 at init over the 23-token vocab)
+    assert result["final_loss"] < 1.3
