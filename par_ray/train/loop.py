@@ -141,16 +141,20 @@ def _mean_over_ranks(engine, values: list[float]) -> list[float]:
 def _kill_rank_zero(engine) -> None:
     """Fault injection (``train.fail_at_step``): worker rank 0 dies with ``os._exit(1)``, like a lost node.
 
-    Before dying, every rank waits until Ray Train's controller has taken its pending reports (the queue between
-    a worker and the controller holds one report and is polled every couple of seconds), then all ranks meet at a
-    barrier. Without this the last checkpoint report could die with the worker, unregistered, and the restarted
-    group would begin from an older checkpoint or from scratch, and die again. Rank 1.. carry on into the next
-    step's collectives and are stopped by Ray. ``TrainConfig.fail_at_step`` is refused in local mode and unless a
-    checkpoint precedes it (``par_ray.train.trainer.build_trainer``).
+    A worker hands each report to Ray Train's controller through a one-slot queue that the controller polls every
+    health-check interval (``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s by default). A worker that dies right after
+    reporting a checkpoint can take that report with it, unregistered; the restarted group then resumes from an
+    older checkpoint, or from none and dies again. So every rank first waits until its queue is empty (the poll has
+    taken the report), then one more interval for that poll's reply to reach the controller, and all ranks meet at
+    a barrier before rank 0 exits. The other ranks carry on into the next step's collectives and are stopped by Ray.
+    ``build_trainer`` refuses fault injection in local mode and unless a checkpoint precedes the fault step.
     """
-    from ray.train.v2._internal.execution.context import get_train_context  # ray: no public "report consumed" API
+    from ray.train.v2._internal.constants import (  # ray: no public "report consumed" API
+        DEFAULT_HEALTH_CHECK_INTERVAL_S, HEALTH_CHECK_INTERVAL_S_ENV_VAR)
+    from ray.train.v2._internal.execution.context import get_train_context  # ray
 
-    get_train_context().get_result_queue().join()  # ray
+    get_train_context().get_result_queue().join()  # ray: returns once the controller's poll took our last report
+    time.sleep(float(os.environ.get(HEALTH_CHECK_INTERVAL_S_ENV_VAR, DEFAULT_HEALTH_CHECK_INTERVAL_S)))
     engine.all_reduce_sum(torch.zeros(1, device=engine.device))  # barrier
     if engine.world.rank == 0:
         os._exit(1)

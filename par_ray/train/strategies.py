@@ -1,11 +1,28 @@
 """Parallel strategies: the only module that knows DDP, FSDP2 or DeepSpeed exist (STYLE rule 10).
 
-Each strategy is one function ``(model, train_cfg, world) -> Engine``. The training loop calls :func:`prepare` once
-and then only talks to the :class:`Engine` interface (forward via ``engine.model``, ``backward``, ``step``,
-``save``/``load``, ``all_reduce_sum``); it never branches on the strategy name.
+Each strategy is one function ``(model, train_cfg, world) -> Engine``, in the spirit of torchtitan's
+``parallelize_llama``: it applies its wrapping in one fixed, commented order and hands back an :class:`Engine`. The
+training loop calls :func:`prepare` once and then only talks to the Engine interface (``engine.model`` to run the
+forward, ``backward``, ``step``, ``save``/``load``, ``all_reduce_sum``); it never branches on the strategy name.
 
-Devices and precision: on GPU, bf16 autocast with NCCL; on CPU, float32 with gloo (bf16 autocast on CPU is slow and
-changes the numbers the CPU parity tests compare).
+=========  ===================================================  ==========================================
+strategy   wrapping                                             checkpoint (a directory per report)
+=========  ===================================================  ==========================================
+ddp        ``DistributedDataParallel`` (plain module on 1 rank)  rank 0: full ``state.pt``
+fsdp       FSDP2 ``fully_shard`` per decoder layer, adapter,    torch.distributed.checkpoint: every rank
+           embeddings, root                                     writes its shards; loads on any world size
+deepspeed  ``deepspeed.initialize`` with ZeRO 1/2/3 (+ CPU      every rank: ``save_checkpoint`` (ZeRO
+           offload of the optimizer) from ``TrainConfig``       partitions); same world size to resume
+=========  ===================================================  ==========================================
+
+Every rank reports its own checkpoint directory; Ray Train V2 merges them into one checkpoint (file names never
+collide: DCP and DeepSpeed name files by rank, and only rank 0 writes the rest). ``extra.json`` (step, time) is
+written by rank 0 for every strategy.
+
+Devices and precision: on GPU, bf16 (autocast for ddp/fsdp, FSDP2 keeps bf16 unsharded params and fp32 gradient
+reduction; DeepSpeed's own ``bf16`` mode) with NCCL; on CPU, float32 with gloo (bf16 autocast on CPU is slow and
+changes the numbers the CPU parity tests compare). What each backend cannot do on CPU is said where it is handled
+and in ``docs/distributed.md``.
 """
 
 from __future__ import annotations
@@ -21,6 +38,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+ADAM_BETAS = (0.9, 0.95)
+ADAM_EPS = 1e-8
+
 
 @dataclass(frozen=True)
 class World:
@@ -32,7 +52,13 @@ class World:
 
     @property
     def is_distributed(self) -> bool:
-        return self.size > 1 and dist.is_available() and dist.is_initialized()
+        """More than one rank and a process group to talk over."""
+        return self.size > 1 and self.has_process_group
+
+    @property
+    def has_process_group(self) -> bool:
+        """A torch.distributed process group exists (Ray Train workers have one even when alone)."""
+        return dist.is_available() and dist.is_initialized()
 
 
 def lr_lambda(train_cfg) -> Callable[[int], float]:
@@ -48,12 +74,37 @@ def lr_lambda(train_cfg) -> Callable[[int], float]:
     return f
 
 
+def _scheduler(optimizer, train_cfg) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train_cfg))
+
+
+def _adamw(params, train_cfg) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, betas=ADAM_BETAS,
+                             eps=ADAM_EPS)
+
+
+def write_extra(directory: str, extra: dict, world: World) -> None:
+    """Rank 0 writes the loop's bookkeeping (``extra``, JSON) beside the strategy's state."""
+    if world.rank == 0:
+        with open(os.path.join(directory, "extra.json"), "w") as f:
+            json.dump(extra, f)
+
+
+def read_extra(directory: str) -> dict:
+    with open(os.path.join(directory, "extra.json")) as f:
+        return json.load(f)
+
+
 class Engine:
     """A prepared model and its optimizer: what the loop drives, whatever the strategy.
 
+    This base class is the plain / DDP engine; :class:`FSDPEngine` and :class:`DeepSpeedEngine` override what their
+    backend does differently (one level of inheritance, no more).
+
     Attributes:
         model: the module to call (wrapped by the strategy; its ``forward`` is ``LoopedLM.iterate``).
-        raw: the unwrapped ``LoopedLM`` (for evaluation and inspection).
+        raw: the unwrapped ``LoopedLM`` (inspection; under FSDP/ZeRO-3 its parameters are shards, so evaluation
+            goes through ``model``).
         device: where inputs go.
     """
 
@@ -72,44 +123,45 @@ class Engine:
 
     def step(self) -> float:
         """Clip, optimizer step, LR schedule, zero grads. Returns the global gradient norm before clipping."""
-        clip = self.train_cfg.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
+        norm = self._clip()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
+
+    def _clip(self) -> torch.Tensor:
+        clip = self.train_cfg.grad_clip
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
 
     @property
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum ``t`` over ranks (identity on one rank)."""
+        """Sum ``t`` over ranks in place (identity on one rank). Every rank must call it at the same point."""
         if self.world.is_distributed:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
-    # Checkpoints: a directory; which ranks write what is the strategy's business.
+    # Checkpoints: a directory per report; which ranks write what is the strategy's business.
     def save(self, directory: str, extra: dict) -> None:
-        """Write model + optimizer + scheduler state and ``extra`` (JSON) into ``directory`` (rank 0 only here)."""
-        if self.world.rank == 0:
+        """Write model + optimizer + scheduler state and ``extra`` (JSON) into ``directory``. Called on every rank."""
+        if self.world.rank == 0:  # DDP replicas are identical: one full copy is the checkpoint
             torch.save({"model": self.raw.state_dict(), "optimizer": self.optimizer.state_dict(),
                         "scheduler": self.scheduler.state_dict()}, os.path.join(directory, "state.pt"))
-            with open(os.path.join(directory, "extra.json"), "w") as f:
-                json.dump(extra, f)
+        write_extra(directory, extra, self.world)
 
     def load(self, directory: str) -> dict:
-        """Restore what :meth:`save` wrote; returns ``extra``."""
+        """Restore what :meth:`save` wrote (every rank reads the full copy); returns ``extra``."""
         state = torch.load(os.path.join(directory, "state.pt"), map_location=self.device, weights_only=True)
         self.raw.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        with open(os.path.join(directory, "extra.json")) as f:
-            return json.load(f)
+        return read_extra(directory)
 
 
-def _adamw(params, train_cfg):
-    return torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, betas=(0.9, 0.95))
+# --------------------------------------------------------------------------------------------------------------------
+# DDP
 
 
 def ddp(model: nn.Module, train_cfg, world: World) -> Engine:
@@ -126,10 +178,218 @@ def ddp(model: nn.Module, train_cfg, world: World) -> Engine:
             find_unused_parameters=not getattr(model, "tied", True),
         )
     opt = _adamw(model.parameters(), train_cfg)
-    return Engine(wrapped, model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(train_cfg)), train_cfg, world)
+    return Engine(wrapped, model, opt, _scheduler(opt, train_cfg), train_cfg, world)
 
 
-STRATEGIES: dict[str, Callable[[nn.Module, object, World], Engine]] = {"ddp": ddp}
+# --------------------------------------------------------------------------------------------------------------------
+# FSDP2
+
+
+class FSDPEngine(Engine):
+    """FSDP2 parameters are DTensor shards: the gradient norm is a DTensor, checkpoints are sharded (DCP)."""
+
+    def step(self) -> float:
+        norm = self._clip()
+        if hasattr(norm, "full_tensor"):  # DTensor norm over shards -> the global norm on every rank
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def save(self, directory: str, extra: dict) -> None:
+        """Every rank writes its own shards (``__{rank}_0.distcp``); rank 0 the ``.metadata``, scheduler and extra.
+
+        ``get_state_dict`` names optimizer state by parameter FQN (not id), which is what lets :meth:`load` reshard
+        onto another world size.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=directory)
+        if self.world.rank == 0:
+            torch.save(self.scheduler.state_dict(), os.path.join(directory, "scheduler.pt"))
+        write_extra(directory, extra, self.world)
+
+    def load(self, directory: str) -> dict:
+        """Load into this run's sharding, whatever the world size that wrote the checkpoint (DCP reshards)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)  # templates in this run's sharding
+        state = {"model": model_sd, "optimizer": optim_sd}
+        dcp.load(state, checkpoint_id=directory)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        self.scheduler.load_state_dict(torch.load(os.path.join(directory, "scheduler.pt"), weights_only=True))
+        return read_extra(directory)
+
+
+def fsdp(model: nn.Module, train_cfg, world: World) -> Engine:
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``), applied by hand: Ray's ``prepare_model(parallel_strategy=
+    "fsdp")`` refuses CPU, and we want to choose the units.
+
+    Order (innermost first, as torchtitan's ``apply_fsdp``):
+
+    1. every decoder layer: prelude, core, coda and untied core copies. The weight-tied core (and the coda, read out
+       once per window iteration) is called several times in one forward. FSDP2 supports that: each call is one
+       forward pre/post hook pair, each use gets its own pre-backward unshard, and every post-backward
+       reduce-scatters what was accumulated since the last one into the sharded gradient, so the sum over uses is
+       exact. We keep the reused layers unsharded between their calls (``reshard_after_forward=False``): one
+       all-gather per step instead of one per iteration, at the cost of holding the core and coda unsharded
+       through the forward. No-grad iterations before the window register no backward hooks, as FSDP2 only does
+       that when grad is enabled.
+    2. the adapter (called once per iteration, same reasoning);
+    3. embeddings: with tied word embeddings (``lm_head.weight is embed_tokens.weight``, the tiny and small Qwen
+       shapes) the shared matrix must live in exactly one FSDP group, so embeddings and lm_head stay in the root
+       group; untied (Qwen2.5-7B) they are sharded as two units of their own;
+    4. the root (final norm, and whatever is left).
+
+    Without a process group (Ray Train local mode) the model is left plain: same optimizer, same DCP checkpoints.
+    With one rank in a process group (a 2-worker checkpoint resumed on 1 worker) FSDP runs on a 1-rank mesh.
+    On GPU, parameters are all-gathered in bf16 and gradients reduced in fp32 (``MixedPrecisionPolicy``).
+    """
+    model = model.to(world.device)
+    if world.has_process_group:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(world.device.type, (dist.get_world_size(),))
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if world.device.type == "cuda" else MixedPrecisionPolicy())
+
+        def shard(module: nn.Module, reused: bool) -> None:
+            fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=not reused)
+
+        for layer in model.prelude:
+            shard(layer, reused=False)
+        for layers in (model.core, model.coda, *model.untied):
+            for layer in layers:
+                shard(layer, reused=True)
+        shard(model.adapter, reused=True)
+        if model.lm_head.weight is not model.embed_tokens.weight:
+            shard(model.embed_tokens, reused=False)
+            shard(model.lm_head, reused=True)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+    opt = _adamw(model.parameters(), train_cfg)  # after fully_shard: the optimizer holds the DTensor shards
+    return FSDPEngine(model, model, opt, _scheduler(opt, train_cfg), train_cfg, world)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# DeepSpeed
+
+
+class DeepSpeedEngine(Engine):
+    """DeepSpeed owns backward (loss scaling, ZeRO gradient partitioning), the step (clip, optimizer, LR schedule)
+    and its checkpoints. ``model`` is the ``deepspeed.DeepSpeedEngine``."""
+
+    def autocast(self):
+        return contextlib.nullcontext()  # DeepSpeed's bf16 mode holds bf16 parameters itself
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.model.backward(loss)
+
+    def step(self) -> float:
+        self.model.step()  # clip (config), optimizer step, scheduler step, zero grads
+        norm = self.model.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    @property
+    def lr(self) -> float:
+        return self.model.get_lr()[0]
+
+    def save(self, directory: str, extra: dict) -> None:
+        """``save_checkpoint`` on every rank: rank r writes its ZeRO partitions (``zero_pp_rank_{r}_*``), rank 0 the
+        module states (ZeRO 1/2) and the ``latest`` tag. Resuming needs the same world size (DeepSpeed's own
+        checkpoints; its universal-checkpoint conversion is not wired in here)."""
+        self.model.save_checkpoint(directory, tag="ds")
+        write_extra(directory, extra, self.world)
+
+    def load(self, directory: str) -> dict:
+        path, _ = self.model.load_checkpoint(directory, tag="ds", load_optimizer_states=True,
+                                             load_lr_scheduler_states=True)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
+        return read_extra(directory)
+
+
+def deepspeed_config(train_cfg, world: World) -> dict:
+    """The DeepSpeed config generated from ``TrainConfig`` (no JSON files to drift from it).
+
+    Same math as :func:`ddp`: AdamW with betas (0.9, 0.95), ``lr``, ``weight_decay``, eps 1e-8 (``torch_adam``:
+    torch's own AdamW; with ZeRO-Offload DeepSpeed's ``DeepSpeedCPUAdam``, which it requires for offload), global
+    gradient clipping at ``grad_clip``, micro batch = global batch / workers with no accumulation. The LR schedule
+    is the ddp ``LambdaLR``, passed to ``deepspeed.initialize``. bf16 on GPU, fp32 on CPU.
+    """
+    offload = train_cfg.zero_offload
+    zero: dict = {"stage": train_cfg.zero_stage}
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if train_cfg.zero_stage == 3:
+        # The weight-tied core is fetched once per iteration, in an order that changes with R from step to step:
+        # turn the trace-based prefetcher off (it would invalidate its trace every step and warn), and let
+        # parameters reused within this distance stay gathered instead of being re-fetched per iteration.
+        zero["stage3_prefetch_bucket_size"] = 0
+        zero["stage3_max_reuse_distance"] = int(1e9)
+    return {
+        "train_batch_size": train_cfg.batch_size,
+        "train_micro_batch_size_per_gpu": train_cfg.batch_size // world.size,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": train_cfg.grad_clip,
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": train_cfg.lr, "betas": list(ADAM_BETAS), "eps": ADAM_EPS, "weight_decay": train_cfg.weight_decay,
+            **({} if offload else {"torch_adam": True}),
+        }},
+        "zero_optimization": zero,
+        "bf16": {"enabled": world.device.type == "cuda"},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def deepspeed(model: nn.Module, train_cfg, world: World) -> Engine:
+    """DeepSpeed ZeRO stage ``train_cfg.zero_stage`` (1, 2, 3), optimizer offload to CPU with ``zero_offload``.
+
+    DeepSpeed needs a process group: inside Ray Train it adopts Ray's (``init_distributed`` sees torch.distributed
+    initialised and wraps it, gloo on CPU, NCCL on GPU); in Train's local mode (no group) we start a one-rank gloo
+    group in this process. On CPU, DeepSpeed JIT-compiles C++ ops on first use (``deepspeed_shm_comm``, and
+    ``cpu_adam`` for offload), cached under ``TORCH_EXTENSIONS_DIR`` (see :func:`build_deepspeed_ops`).
+    """
+    import deepspeed as ds
+
+    if not world.has_process_group:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    ds.init_distributed(dist_backend="nccl" if world.device.type == "cuda" else "gloo")
+    model = model.to(world.device)
+    engine, optimizer, _, scheduler = ds.initialize(
+        model=model,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=deepspeed_config(train_cfg, world),
+        lr_scheduler=lambda opt: _scheduler(opt, train_cfg),
+    )
+    return DeepSpeedEngine(engine, model, optimizer, scheduler, train_cfg, world)
+
+
+def build_deepspeed_ops() -> None:
+    """Compile, or load from the ``TORCH_EXTENSIONS_DIR`` cache, the C++ ops DeepSpeed JIT-builds on this machine.
+
+    On CPU: ``deepspeed_shm_comm`` (built when DeepSpeed's communication backend starts, i.e. by every DeepSpeed run)
+    and ``cpu_adam`` (ZeRO-Offload's optimizer). Each first build takes one to two minutes on 2 cores; a cached
+    ``.so`` loads in under a second. Call once before timed or parallel work (two workers racing to build the same op
+    serialise on torch's file lock, with the compile counted inside their run). On GPU builds nothing (DeepSpeed
+    builds its CUDA ops itself, when first used).
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() != "cpu":
+        return
+    for name in ("ShareMemCommBuilder", "CPUAdamBuilder"):
+        get_accelerator().create_op_builder(name).load(verbose=False)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+
+STRATEGIES: dict[str, Callable[[nn.Module, object, World], Engine]] = {"ddp": ddp, "fsdp": fsdp, "deepspeed": deepspeed}
 
 
 def prepare(model: nn.Module, train_cfg, world: World) -> Engine:

@@ -6,24 +6,128 @@ usual and no Ray cluster started, which is how ``python -m par_ray.train`` train
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import socket
+
+import ray
 import ray.train
+from ray.train import UserCallback
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from par_ray.config import TrialConfig
 from par_ray.train.loop import train_loop_per_worker
 
 
-def build_trainer(cfg: TrialConfig, name: str, storage_path: str, local: bool = False,
-                  max_failures: int = 0, callbacks: list | None = None) -> TorchTrainer:
+@contextlib.contextmanager
+def local_ray(num_cpus: int, **init_kwargs):
+    """A private Ray instance on this machine for tests, benchmarks and laptops; shut down on exit.
+
+    Ray Train V2 starts a ``PlacementGroupCleaner`` that asks the State API whether the run's controller is still
+    alive and, if told it is gone, removes the worker group's placement group, which kills live workers. With no
+    address configured the State API client auto-detects "the" local Ray instance; on a machine that runs several
+    independent instances (CI beside other jobs) it may ask another instance, hear "no such actor" and kill this
+    run mid-training (seen on the shared CI machine). So the dashboard (which serves the State API) is bound to a
+    known port and ``RAY_API_SERVER_ADDRESS`` points at it before Ray starts, so every Ray process inherits it.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    previous = os.environ.get("RAY_API_SERVER_ADDRESS")
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    try:
+        ray.init(num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
+                 **init_kwargs)
+        yield
+    finally:
+        ray.shutdown()
+        if previous is None:
+            os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+        else:
+            os.environ["RAY_API_SERVER_ADDRESS"] = previous
+
+
+class MetricsLog(UserCallback):
+    """Append every report's rank-0 metrics, and every worker failure, to a JSON-lines file.
+
+    ``Result.metrics`` only keeps reports that carried a checkpoint; this keeps the whole curve (per-step losses
+    with ``report_every=1``, step times for benchmarks). Lines: ``{"metrics": {...}, "checkpoint": bool}`` or
+    ``{"failure": {rank: "error"}}``. A Ray Train callback runs on the controller, on the driver's node, so ``path``
+    is a path there. Local mode (``num_workers=0``) runs no callbacks.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def _append(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def after_report(self, run_context, metrics, checkpoint):
+        self._append({"metrics": metrics[0], "checkpoint": checkpoint is not None})
+
+    def after_exception(self, run_context, worker_exceptions):
+        self._append({"failure": {str(rank): repr(e)[:500] for rank, e in worker_exceptions.items()}})
+
+    def read(self) -> list[dict]:
+        """All records so far, oldest first (empty if none)."""
+        try:
+            with open(self.path) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+
+def run_name(cfg: TrialConfig) -> str:
+    """Deterministic run name, ``{recipe}-{backbone}-{task}-seed{seed}-{strategy}`` (no timestamp, no random suffix).
+
+    Ray Train V2 resumes a run whose name and storage path already hold checkpoints, so re-submitting the same
+    trial continues it. The strategy is part of the name because checkpoint formats differ between strategies;
+    the worker count is not, since ddp and fsdp checkpoints load on any world size.
+    """
+    return f"{cfg.recipe.name}-{cfg.backbone.name}-{cfg.task.name}-seed{cfg.train.seed}-{cfg.train.strategy}"
+
+
+def fault_injection_errors(cfg: TrialConfig, local: bool) -> list[str]:
+    """Why ``train.fail_at_step`` cannot be honoured in this run (empty when off or fine).
+
+    The injected fault kills worker rank 0 once, "once" meaning: unless the worker resumed from a checkpoint. So a
+    checkpoint must be written before the fault step (else every restart starts from scratch and dies again), and
+    the run must have worker processes (in local mode the worker is this process).
+    """
+    tc = cfg.train
+    if tc.fail_at_step < 0:
+        return []
+    errs = []
+    if local:
+        errs.append("train.fail_at_step: fault injection kills a Ray worker process; local mode has none")
+    if not 1 <= tc.checkpoint_every <= tc.fail_at_step:
+        errs.append(f"train.fail_at_step: {tc.fail_at_step} needs a checkpoint before it "
+                    f"(1 <= train.checkpoint_every <= {tc.fail_at_step}), got train.checkpoint_every={tc.checkpoint_every}")
+    return errs
+
+
+def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: bool = False,
+                  max_failures: int = 0, callbacks: list | None = None,
+                  export_dir: str | None = None) -> TorchTrainer:
     """A ``TorchTrainer`` for ``cfg``; validates ``cfg`` first (before any cluster resource is claimed).
 
     Args:
-        name: deterministic run name (a re-submitted job with the same name resumes from its latest checkpoint).
+        name: run name; ``None`` = :func:`run_name`. A re-submitted job with the same name and storage path resumes
+            from its latest checkpoint, on any number of workers for ddp and fsdp.
         storage_path: local directory or ``s3://`` / ``gs://`` URI for checkpoints and results.
         local: run in Ray Train's local mode (this process, one worker), regardless of ``train.num_workers``.
         max_failures: worker-group restarts from the latest checkpoint (``FailureConfig``).
+        callbacks: Ray Train ``UserCallback``s (run on the controller).
+        export_dir: also write the final model/optimizer state there (local mode keeps no checkpoint files).
+    Raises:
+        ValueError: an invalid ``cfg``, or fault injection this run cannot honour (:func:`fault_injection_errors`).
     """
     cfg.validate()
+    errs = fault_injection_errors(cfg, local)
+    if errs:
+        raise ValueError("invalid trial config:\n  - " + "\n  - ".join(errs))
     tc = cfg.train
     scaling = ray.train.ScalingConfig(
         num_workers=0 if local else tc.num_workers,
@@ -32,11 +136,11 @@ def build_trainer(cfg: TrialConfig, name: str, storage_path: str, local: bool = 
     )
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"trial": cfg},
+        train_loop_config={"trial": cfg, "export_dir": export_dir},
         torch_config=TorchConfig(backend="nccl" if tc.use_gpu else "gloo"),
         scaling_config=scaling,
         run_config=ray.train.RunConfig(
-            name=name,
+            name=name or run_name(cfg),
             storage_path=storage_path,
             failure_config=ray.train.FailureConfig(max_failures=max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
