@@ -347,6 +347,10 @@ def deepspeed_config(train_cfg, world: World) -> dict:
     }
 
 
+_deepspeed_local_runs = 0
+"""DeepSpeed runs in this process that made their own one-rank group (see :func:`deepspeed`)."""
+
+
 def deepspeed(model: nn.Module, train_cfg, world: World) -> Engine:
     """DeepSpeed ZeRO stage ``train_cfg.zero_stage`` (1, 2, 3), optimizer offload to CPU with ``zero_offload``.
 
@@ -357,9 +361,21 @@ def deepspeed(model: nn.Module, train_cfg, world: World) -> Engine:
     """
     import deepspeed as ds
 
-    if not world.has_process_group:
+    global _deepspeed_local_runs
+    if not world.has_process_group:  # local mode: a one-rank group (Ray's local controller destroys it at the end)
+        if _deepspeed_local_runs:
+            raise RuntimeError(
+                "train.strategy='deepspeed' runs once per process in Ray Train local mode: DeepSpeed keeps the first "
+                "process group in module globals (deepspeed.utils.groups), and local mode destroys that group when "
+                "its run ends. Use train.num_workers >= 1 with Ray workers, or a fresh process.")
+        _deepspeed_local_runs += 1
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    ds.init_distributed(dist_backend="nccl" if world.device.type == "cuda" else "gloo")
+        for var in ("RANK", "LOCAL_RANK"):  # DeepSpeed's engine reads them even when the group exists
+            os.environ.setdefault(var, "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+    # The group exists now, so DeepSpeed only wraps it. (dist_init_required=False also keeps a second local run in
+    # the same process from trying DeepSpeed's MPI discovery: its backend object outlives the first group.)
+    ds.init_distributed(dist_backend="nccl" if world.device.type == "cuda" else "gloo", dist_init_required=False)
     model = model.to(world.device)
     engine, optimizer, _, scheduler = ds.initialize(
         model=model,
