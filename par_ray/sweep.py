@@ -407,15 +407,15 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     if opts.dry_run:
         print_plan(plan, train_storage)
         return 0
+    try:
+        uri = tracking.tracking_uri(opts.mlflow_uri, storage)
+    except ValueError as e:
+        raise SweepConfigError(str(e)) from None
     if opts.resume and not _exists(f"{experiment_path}/tuner.pkl"):
         raise SweepConfigError(f"--resume: no sweep to resume at {experiment_path} (check --storage)")
     if not opts.resume and _exists(experiment_path):
         raise SweepConfigError(f"--storage: a sweep {spec.name!r} already exists at {experiment_path}; pass --resume "
                                f"to continue it or choose another --storage")
-    try:
-        uri = tracking.tracking_uri(opts.mlflow_uri, storage)
-    except ValueError as e:
-        raise SweepConfigError(str(e)) from None
 
     from ray import tune
 
@@ -439,7 +439,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
                              extra_recipes=dict(spec.extra_recipes)),
         dict(DRIVER_RESOURCES))
     if opts.resume:
-        tuner = tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True, restart_errored=True)
+        tuner = tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True, resume_errored=True)
     else:
         tuner = tune.Tuner(
             trainable,
@@ -485,8 +485,11 @@ def _tune_config(plan: Plan, concurrency: int):
     return tune.TuneConfig(
         metric=plan.metric, mode=plan.mode, num_samples=_count(plan),
         search_alg=OptunaSearch(seed=search.seed),
+        # stop_last_trials=False: a trial that reaches max_t ends on its own. Stopping it there would kill its driver
+        # while Train is still closing its run, leaving the worker placement group to Ray Train's cleaner actor,
+        # which cannot find the cluster on a host that runs several Ray instances (it then leaks the group).
         scheduler=ASHAScheduler(time_attr="step", max_t=steps, grace_period=search.grace_period or cfg.train.eval_every,
-                                reduction_factor=search.reduction_factor),
+                                reduction_factor=search.reduction_factor, stop_last_trials=False),
         **common)
 
 
@@ -636,8 +639,11 @@ def _run_analysis(sweep: str, tracker, out_dir: str | None) -> bool:
     """``analysis.analyze`` on this sweep's parent run: prints its main table (accuracy by depth and G, mean ± std
     over seeds) and logs its tables and plots to the parent run. Never fails the sweep; False when it did not run."""
     try:
-        from analysis import analyze
-    except ImportError:
+        # analysis.report, not the package: a stale editable install can make `analysis` a namespace package
+        from analysis.report import analyze
+    except ImportError as e:
+        if getattr(e, "name", None) not in ("analysis", "analysis.report"):
+            print(f"analysis unavailable ({e})", file=sys.stderr)
         return False
     try:
         report = analyze(f"par_ray/{sweep}", parent_run_id=tracker.parent_run_id, tracking_uri=tracker.uri,

@@ -1,0 +1,173 @@
+"""par_ray.sweep without a cluster: every shipped sweep grid is built and validated (STYLE rule 15), bad input gives
+one clear error naming the flag or field before Ray starts, concurrency from resources, the dry run, the summary."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from par_ray import presets, sweep
+from par_ray.sweep import Options, Search, SweepConfigError, SweepSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEPS = sorted((ROOT / "sweeps").glob("*.py"))
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(f"sweep_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("smoke", [False, True], ids=["full", "smoke"])
+@pytest.mark.parametrize("preset", ["local", "paper"])
+@pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
+def test_every_shipped_sweep_builds_and_validates(path, preset, smoke):
+    spec = _load(path).SPEC
+    assert spec.name == path.stem  # the experiment is named after its script
+    plan = sweep.build_plan(spec, Options(preset=preset, smoke_test=smoke), preset)
+    assert plan.trials and all(cfg.validate() for _, cfg in plan.trials)
+    names = {cfg.recipe.name for _, cfg in plan.trials}
+    assert names == set(spec.recipes)
+    if spec.search is None:
+        backbones = spec.backbones.get(preset, presets.PRESET_BACKBONES[preset])
+        assert len(plan.trials) == len(spec.recipes) * len(spec.tasks) * len(backbones) * len(spec.seeds)
+    else:
+        assert plan.metric == "G" and plan.mode == "max"
+    multiple = 16 if preset == "paper" else 8  # evaluation to 16× (paper) / 8× (local) the train length
+    assert all(cfg.train.use_gpu == (preset == "paper") for _, cfg in plan.trials)
+    if not smoke:
+        assert all(max(cfg.eval.depths) == multiple * cfg.task.train_depth for _, cfg in plan.trials)
+    else:
+        assert all(cfg.train.steps <= 4 and cfg.eval.num_sequences <= 16 for _, cfg in plan.trials)
+
+
+def test_backbone_scaling_local_grid_is_two_tiny_families_times_three_seeds():
+    plan = sweep.build_plan(_load(ROOT / "sweeps/backbone_scaling.py").SPEC, Options(preset="local"), "local")
+    assert sorted((c.backbone.name, c.train.seed) for _, c in plan.trials) == [
+        (b, s) for b in ("tiny-qwen2", "tiny-qwen3") for s in (0, 1, 2)]
+    # the paper preset picks the parallel strategy by size
+    paper = sweep.build_plan(_load(ROOT / "sweeps/backbone_scaling.py").SPEC, Options(preset="paper"), "paper")
+    strategy = {c.backbone.name: (c.train.strategy, c.train.num_workers) for _, c in paper.trials}
+    assert strategy["qwen2.5-0.5b"] == ("ddp", 1) and strategy["qwen3-4b"][0] == "fsdp"
+    assert strategy["qwen2.5-7b"] == ("deepspeed", 4)
+
+
+def test_resolve_applies_the_recipe_between_the_overrides():
+    params = {"preset": "local", "recipe": "par_hold", "backbone.name": "tiny-qwen3", "train.seed": 3,
+              "task.train_depth": 4, "recipe.grad_window": 2, "eval.depths": "4,8"}
+    cfg = sweep.resolve(params)
+    assert (cfg.backbone.name, cfg.train.seed, cfg.recipe.name) == ("tiny-qwen3", 3, "par_hold")
+    assert cfg.recipe.hold_lambda == 4.0  # the recipe saw the overridden train depth
+    assert cfg.recipe.grad_window == 2  # recipe.* overrides win over the recipe
+    assert cfg.eval.depths == (4, 8)
+
+
+def test_bad_grid_or_config_is_one_error_naming_the_field():
+    with pytest.raises(SweepConfigError, match=r"train\.lr: must be > 0"):
+        sweep.build_plan(SweepSpec(name="x", overrides={"train.lr": -1.0}), Options(seeds=(0,)), "local")
+    with pytest.raises(SweepConfigError, match=r"recipe: 'nope' is not one of"):
+        sweep.build_plan(SweepSpec(name="x", recipes=("par", "nope")), Options(), "local")
+    with pytest.raises(SweepConfigError, match=r"eval\.wrong: unknown config field"):
+        sweep.build_plan(SweepSpec(name="x", overrides={"eval.wrong": 1}), Options(), "local")
+
+
+def test_run_sweep_refuses_bad_input_before_starting_ray(tmp_path, monkeypatch):
+    import ray
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+    spec = SweepSpec(name="x", overrides={"train.batch_size": 0})
+    with pytest.raises(SweepConfigError, match="train.batch_size"):
+        sweep.run_sweep(spec, Options(preset="local", storage=str(tmp_path)))
+    with pytest.raises(SweepConfigError, match="--resume: no sweep to resume"):
+        sweep.run_sweep(SweepSpec(name="x"), Options(preset="local", storage=str(tmp_path), resume=True))
+    (tmp_path / "tune" / "x").mkdir(parents=True)
+    with pytest.raises(SweepConfigError, match="already exists"):
+        sweep.run_sweep(SweepSpec(name="x"), Options(preset="local", storage=str(tmp_path)))
+    with pytest.raises(SweepConfigError, match="--mlflow-uri"):
+        sweep.run_sweep(SweepSpec(name="x"), Options(preset="local", storage="s3://bucket/none"))
+    assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize("argv,flag,words", [
+    (["--backbones", "tiny-qwen2,nope"], "--backbones", "unknown backbone"),
+    (["--seeds", "a,b"], "--seeds", "comma-separated integers"),
+    (["--seeds", "0,-1"], "--seeds", ">= 0"),
+    (["--seeds", "1,1"], "--seeds", "duplicate"),
+    (["--preset", "gpu"], "--preset", "invalid choice"),
+])
+def test_bad_flags_exit_2_naming_the_flag(argv, flag, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        sweep.parse_args(SweepSpec(name="x"), argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and words in err
+
+
+def test_bad_flag_from_the_command_line_has_no_traceback():
+    r = subprocess.run([sys.executable, str(ROOT / "sweeps/backbone_scaling.py"), "--backbones", "qwen9-100b"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2
+    assert "argument --backbones: unknown backbone(s) ['qwen9-100b']" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_search_metric_is_checked():
+    space = {"train.lr": __import__("ray").tune.loguniform(1e-4, 1e-3)}
+    spec = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, search=Search(space=space))
+    with pytest.raises(SweepConfigError, match=r"train\.eval_every: G must be in every report"):
+        sweep.build_plan(spec, Options(), "local")  # the local preset reports every 50 steps, evaluates every 500
+    ok = {"train.report_every": 100, "train.eval_every": 100, "train.checkpoint_every": 500}
+    spec = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, overrides=ok,
+                     search=Search(space=space))
+    assert sweep.build_plan(spec, Options(metric="acc_longest"), "local").metric == "acc_d64"
+    assert sweep.build_plan(spec, Options(metric="loss"), "local").metric == "loss"
+    with pytest.raises(SweepConfigError, match="--metric: 'acc_d1000'"):
+        sweep.build_plan(spec, Options(metric="acc_d1000"), "local")
+    bad_space = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, overrides=ok,
+                          search=Search(space={"recipe.grad_window": __import__("ray").tune.choice([0, 4])}))
+    with pytest.raises(SweepConfigError, match=r"recipe\.grad_window: must be >= 1"):
+        sweep.build_plan(bad_space, Options(), "local")
+
+
+def test_max_concurrent_trials_from_cluster_resources():
+    gib = 2**30
+    cpu_trial = {"CPU": 1.0, "memory": 0.5 * gib}
+    assert sweep.max_concurrent_trials([("a", cpu_trial)] * 6, {"CPU": 2.0, "memory": 10 * gib}) == 2
+    gpu = [("small", {"GPU": 1.0, "memory": 0.5 * gib}), ("7b", {"GPU": 4.0, "memory": 0.5 * gib})]
+    assert sweep.max_concurrent_trials(gpu, {"GPU": 8.0, "CPU": 64.0, "memory": 100 * gib}) == 2
+    with pytest.raises(SweepConfigError, match=r"cannot fit these trials: 7b needs 4 GPU"):
+        sweep.max_concurrent_trials(gpu, {"GPU": 1.0, "CPU": 16.0, "memory": 100 * gib})
+
+
+def test_dry_run_paper_prints_the_plan_without_a_gpu():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("RAY_ADDRESS", None)
+    r = subprocess.run([sys.executable, str(ROOT / "sweeps/backbone_scaling.py"), "--dry-run", "--preset", "paper"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "| par |" in line]
+    assert len(rows) == 7 * 3
+    for backbone in presets.PAPER_BACKBONES:
+        assert any(f"| {backbone} |" in row for row in rows)
+    assert "| deepspeed ZeRO-3 | 4 | 4 GPU" in r.stdout and "| ddp | 1 | 1 GPU" in r.stdout
+    assert all(" GB (" in row for row in rows), rows[0]  # the planner's estimate per trial
+    assert "32,64,128,256,512" in rows[0]
+
+
+def test_summary_table_is_mean_and_std_over_seeds():
+    rows = [{"task": "swap_s5", "recipe": "par", "backbone": b, "seed": s, "G": g, "G_censored": c,
+             "acc_d8": a8, "acc_d16": a16}
+            for b, s, g, c, a8, a16 in [("tiny-qwen2", 0, 2.0, 0.0, 1.0, 0.5), ("tiny-qwen2", 1, 4.0, 0.0, 0.8, 0.7),
+                                        ("tiny-qwen3", 0, 8.0, 1.0, 1.0, 1.0)]]
+    text = sweep.format_summary(sweep.summary_frame(rows), (8, 16), 8)
+    lines = text.splitlines()
+    assert lines[0] == "| task | recipe | backbone | seeds | d=8 (1×) | d=16 (2×) | G |"
+    assert lines[2] == "| swap_s5 | par | tiny-qwen2 | 2 | 90.0 ± 14.1 | 60.0 ± 14.1 | 3.00 ± 1.41 |"
+    assert lines[3] == "| swap_s5 | par | tiny-qwen3 | 1 | 100.0 | 100.0 | ≥ 8.00 |"

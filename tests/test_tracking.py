@@ -1,0 +1,112 @@
+"""par_ray.tracking against a SQLite MLflow store: the schema analysis/ reads, secret redaction, reuse on resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from par_ray import tracking
+from par_ray.config import from_flat, to_flat
+from par_ray.presets import local_trial
+from par_ray.recipes import apply_recipe
+
+
+def _cfg(seed: int = 0, backbone: str = "tiny-qwen2"):
+    return apply_recipe(local_trial(backbone, seed=seed), "par")
+
+
+def test_redact_drops_secret_like_keys_and_values():
+    params = {
+        "train.lr": 1e-3, "backbone.name": "tiny-qwen2", "recipe.grad_window": 8, "train.zero_stage": 2,
+        "hf_token": "x", "HF_TOKEN": "x", "api_key": "x", "aws.secret_access_key": "x", "db.password": "x",
+        "key": "x", "auth.header": "x", "credentials": "x",
+        "backbone.pretrained": "hf_" + "a" * 30, "openai": "sk-" + "b" * 30, "gh": "ghp_" + "c" * 30,
+        "aws": "AKIA" + "D" * 16, "store": "postgresql://user:hunter2@db:5432/mlflow",
+    }
+    kept = tracking.redact(params)
+    assert kept == {"train.lr": 1e-3, "backbone.name": "tiny-qwen2", "recipe.grad_window": 8, "train.zero_stage": 2}
+    # every real config field survives
+    flat = to_flat(_cfg())
+    assert tracking.redact(flat) == flat
+
+
+def test_tracking_uri_precedence(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking.tracking_uri(None, str(tmp_path)) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert tracking.tracking_uri(None, str(tmp_path)) == "http://127.0.0.1:5000"
+    assert tracking.tracking_uri("sqlite:///x.db", str(tmp_path)) == "sqlite:///x.db"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    with pytest.raises(ValueError, match="--mlflow-uri"):
+        tracking.tracking_uri(None, "s3://bucket/par_ray")
+
+
+def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    exp_path = str(tmp_path / "tune" / "demo")
+    t = tracking.SweepTracker.open("demo", exp_path, uri, params={"seeds": "0,1", "hf_token": "x"}, commit="abc123")
+    cfgs = {"t0": _cfg(0), "t1": _cfg(1, "tiny-qwen3")}
+    final = {"step": 4, "loss": 2.0, "G": 2.0, "G_censored": 1.0, "chance": 1 / 120, "acc_d8": 0.9, "acc_query_d8": 0.95,
+             "acc_d16": 0.8, "acc_query_d16": 0.9}
+    for tid, cfg in cfgs.items():
+        t.start_trial(tid, cfg, run_name=f"run-{tid}")
+        t.log_metrics(tid, {"step": 2, "loss": 3.0, "d50": 16.0, "done": True, "note": "x"}, step=2)
+        t.log_metrics(tid, final, step=4)
+        t.finish_trial(tid, cfg, final, "FINISHED")
+    t.finish()
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("par_ray/demo")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("par_ray.role") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("par_ray.role") == "trial"]
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.data.tags["par_ray.sweep"] == "demo" and parent.data.tags["par_ray.experiment_path"] == exp_path
+    assert parent.data.params == {"seeds": "0,1"}  # the secret-looking one is gone
+    for run in children:
+        tags = run.data.tags
+        cfg = cfgs[tags["par_ray.trial_id"]]
+        assert tags["mlflow.parentRunId"] == parent.info.run_id
+        assert (tags["par_ray.recipe"], tags["par_ray.backbone"], tags["par_ray.task"], tags["par_ray.seed"],
+                tags["par_ray.git_commit"]) == ("par", cfg.backbone.name, "swap_s5", str(cfg.train.seed), "abc123")
+        assert from_flat(run.data.params, base=cfg) == cfg  # params round-trip to the trial config
+        assert run.data.params.keys() == to_flat(cfg).keys()
+        assert run.data.metrics["G"] == 2.0 and run.data.metrics["acc_d16"] == 0.8
+        assert run.data.metrics["d50"] != run.data.metrics["d50"]  # censored at the end: the last d50 is NaN
+        assert "done" not in run.data.metrics and "note" not in run.data.metrics
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4]
+        assert run.info.status == "FINISHED"
+        files = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert files == set(tracking.ARTIFACTS)
+        summary = json.loads(open(client.download_artifacts(run.info.run_id, "accuracy_by_depth.json")).read())
+        assert [r["depth"] for r in summary["by_depth"]] == [8, 16] and summary["G_censored"] is True
+
+    # A restored sweep: same parent (found by experiment path), same child runs (found by trial id), no duplicates.
+    again = tracking.SweepTracker.open("demo", exp_path, uri, params={"seeds": "0,1"})
+    assert again.parent_run_id == parent.info.run_id
+    run_id = again.start_trial("t0", cfgs["t0"])
+    assert run_id == next(r.info.run_id for r in children if r.data.tags["par_ray.trial_id"] == "t0")
+    assert client.get_run(run_id).info.status == "RUNNING"
+    assert len(client.search_runs([exp.experiment_id])) == 3
+    # A different sweep of the same kind gets its own parent in the same experiment.
+    other = tracking.SweepTracker.open("demo", str(tmp_path / "elsewhere"), uri)
+    assert other.parent_run_id != parent.info.run_id and other.experiment_id == exp.experiment_id
+
+
+def test_tracker_pickles_without_its_client(tmp_path):
+    import pickle
+
+    t = tracking.SweepTracker.open("demo", str(tmp_path / "x"), f"sqlite:///{tmp_path}/mlflow.db")
+    t2 = pickle.loads(pickle.dumps(t))
+    assert t2.parent_run_id == t.parent_run_id and t2._client is None
+    assert t2.client.get_run(t.parent_run_id).info.status == "RUNNING"
+
+
+def test_trial_artifacts_without_evaluation_hold_only_the_config(tmp_path):
+    cfg = _cfg()
+    assert tracking.write_trial_artifacts(str(tmp_path), cfg, {"step": 1, "loss": 3.0}) == ["config.json"]
+    assert json.loads((tmp_path / "config.json").read_text())["backbone"]["name"] == "tiny-qwen2"
