@@ -374,7 +374,7 @@ def _cluster_has_gpu() -> bool:
 
 def _local_preset_guess() -> str:
     """``auto`` for a dry run, without starting Ray: what a new local cluster would choose (or RAY_ADDRESS's)."""
-    if os.environ.get("RAY_ADDRESS"):
+    if os.environ.get("RAY_ADDRESS", "local") != "local":  # an existing cluster: ask it (connecting claims nothing)
         _init_ray()
         return "paper" if _cluster_has_gpu() else "local"
     try:
@@ -455,9 +455,10 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     except BaseException:
         tracker.finish("KILLED")
         raise
-    failed = results.num_errors
-    rows = print_summary(results, plan)
-    tracker.finish("FINISHED" if not failed else "FAILED")
+    rows, counts = print_summary(results, plan)
+    failed = counts.get("failed", 0) + counts.get("unfinished", 0)
+    tracker.close_open_trials("KILLED")  # interrupted trials; --resume reopens their runs
+    tracker.finish("FAILED" if counts.get("failed") else "KILLED" if counts.get("unfinished") else "FINISHED")
     out_dir = None if remote else f"{storage}/analysis/{spec.name}"
     if not _run_analysis(spec.name, tracker, out_dir) and rows:
         cfg0 = plan.trials[0][1]
@@ -465,8 +466,8 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
               f"seeds")
         print(format_summary(summary_frame(rows), cfg0.eval.depths, cfg0.task.train_depth))
     if failed:
-        print(f"{failed} trial(s) failed; fix the cause and rerun with --resume (same --storage) to finish them",
-              file=sys.stderr)
+        print(f"{failed} trial(s) failed or did not finish; fix the cause and rerun with --resume (same --storage) "
+              f"to finish them", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -611,28 +612,36 @@ def format_summary(frame, depths: typing.Sequence[int], d_train: int) -> str:
     return "\n".join(lines)
 
 
-def print_summary(results, plan: Plan) -> list[dict[str, typing.Any]]:
-    """Print how many trials finished / failed / stopped early (and the best one of a search); returns the final
-    metrics of the finished trials as :func:`summary_frame` rows."""
-    rows, statuses = [], {}
+def print_summary(results, plan: Plan) -> tuple[list[dict[str, typing.Any]], dict[str, int]]:
+    """Count the trials (finished / failed / stopped early by ASHA / unfinished, e.g. after Ctrl-C) and print the
+    counts and, for a search, the best trial.
+
+    Returns (the final metrics of the finished trials as :func:`summary_frame` rows, the counts).
+    """
+    rows, counts = [], {}
     for r in results:
         m = r.metrics or {}
-        cfg = resolve(r.config, plan.spec.extra_recipes)
-        ok = r.error is None and int(m.get("step", 0)) >= cfg.train.steps
-        statuses["finished" if ok else ("failed" if r.error is not None else "stopped early")] = statuses.get(
-            "finished" if ok else ("failed" if r.error is not None else "stopped early"), 0) + 1
-        if ok and "G" in m:
+        cfg = resolve(r.config, plan.spec.extra_recipes) if r.config else None
+        if r.error is not None:
+            kind = "failed"
+        elif cfg is not None and int(m.get("step", 0)) >= cfg.train.steps:
+            kind = "finished"
+        elif plan.search is not None and m:
+            kind = "stopped early"
+        else:
+            kind = "unfinished"  # interrupted (Ctrl-C, a lost driver) or never started
+        counts[kind] = counts.get(kind, 0) + 1
+        if kind == "finished" and "G" in m:
             rows.append({"task": cfg.task.name, "recipe": cfg.recipe.name, "backbone": cfg.backbone.name,
                          "seed": cfg.train.seed, "G": float(m["G"]), "G_censored": float(m.get("G_censored", 0.0)),
                          **{f"acc_d{d}": float(m[f"acc_d{d}"]) for d in cfg.eval.depths if f"acc_d{d}" in m}})
-    print("\ntrials: " + ", ".join(f"{n} {s}" for s, n in statuses.items()))
+    print("\ntrials: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     if plan.metric is not None and rows:
         best = results.get_best_result(metric=plan.metric, mode=plan.mode, filter_nan_and_inf=True)
         if best is not None and best.metrics:
-            keys = list(plan.search.space)
             print(f"\nbest {plan.metric} = {best.metrics.get(plan.metric)}: "
-                  + ", ".join(f"{k}={best.config.get(k)}" for k in keys))
-    return rows
+                  + ", ".join(f"{k}={best.config.get(k)}" for k in plan.search.space))
+    return rows, counts
 
 
 def _run_analysis(sweep: str, tracker, out_dir: str | None) -> bool:

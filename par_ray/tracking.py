@@ -216,6 +216,16 @@ class SweepTracker:
         for i in range(0, len(batch), 900):  # MLflow's per-request metric limit is 1,000
             self.client.log_batch(run_id, metrics=batch[i:i + 900])
 
+    def close_open_trials(self, status: str = "KILLED") -> int:
+        """End every child run of this sweep that is still RUNNING (interrupted trials) with ``status``; returns how
+        many. A resumed sweep sets them RUNNING again when their trials restart."""
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{TAG_PARENT}` = '{self.parent_run_id}' and "
+                                                f"attributes.status = 'RUNNING'", max_results=10_000)
+        for run in runs:
+            self.client.set_terminated(run.info.run_id, status=status)
+        return len(runs)
+
     def finish_trial(self, trial_id: str, cfg: TrialConfig, final: typing.Mapping[str, typing.Any] | None,
                      status: str) -> None:
         """Log the artifacts of a trial from its final metrics and end its run with ``status``."""

@@ -171,3 +171,18 @@ def test_summary_table_is_mean_and_std_over_seeds():
     assert lines[0] == "| task | recipe | backbone | seeds | d=8 (1×) | d=16 (2×) | G |"
     assert lines[2] == "| swap_s5 | par | tiny-qwen2 | 2 | 90.0 ± 14.1 | 60.0 ± 14.1 | 3.00 ± 1.41 |"
     assert lines[3] == "| swap_s5 | par | tiny-qwen3 | 1 | 100.0 | 100.0 | ≥ 8.00 |"
+
+
+def test_summary_counts_finished_failed_and_interrupted_trials(capsys):
+    from types import SimpleNamespace as R
+
+    plan = sweep.build_plan(SweepSpec(name="x", seeds=(0,)), Options(smoke_test=True), "local")
+    (p0, c0), (p1, _) = plan.trials
+    done = {"step": 4, "G": 2.0, "G_censored": 0.0, "acc_d8": 1.0, "acc_d16": 0.4, "trial_id": "a"}
+    results = [R(metrics=done, config=p0, error=None), R(metrics={"step": 2}, config=p1, error=None),
+               R(metrics=None, config=None, error=None), R(metrics={"step": 2}, config=p1, error=RuntimeError("x"))]
+    rows, counts = sweep.print_summary(results, plan)
+    assert counts == {"finished": 1, "unfinished": 2, "failed": 1}
+    assert rows == [{"task": "swap_s5", "recipe": "par", "backbone": c0.backbone.name, "seed": 0, "G": 2.0,
+                     "G_censored": 0.0, "acc_d8": 1.0, "acc_d16": 0.4}]
+    assert "trials: 1 finished, 2 unfinished, 1 failed" in capsys.readouterr().out

@@ -97,6 +97,18 @@ def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
     assert other.parent_run_id != parent.info.run_id and other.experiment_id == exp.experiment_id
 
 
+def test_interrupted_trials_are_closed_and_reopened_on_resume(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    t = tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri)
+    run_a = t.start_trial("a", _cfg(0))
+    t.finish_trial("a", _cfg(0), {"step": 1}, "FINISHED")
+    run_b = t.start_trial("b", _cfg(1))  # still running when the driver stops
+    assert t.close_open_trials("KILLED") == 1
+    assert t.client.get_run(run_b).info.status == "KILLED" and t.client.get_run(run_a).info.status == "FINISHED"
+    resumed = tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri)
+    assert resumed.start_trial("b", _cfg(1)) == run_b and resumed.client.get_run(run_b).info.status == "RUNNING"
+
+
 def test_tracker_pickles_without_its_client(tmp_path):
     import pickle
 
