@@ -49,6 +49,10 @@ METRIC_ALIASES = ("acc_longest",)
 """``acc_longest`` = ``acc_d{largest test depth}``."""
 
 
+Recipe = typing.Callable[[TrialConfig], TrialConfig]
+"""A recipe: a function that changes fields of a base config (``par_ray.recipes``)."""
+
+
 class SweepConfigError(ValueError):
     """Bad sweep input (a flag, a grid entry or a trial config); the message names the flag or field."""
 
@@ -58,8 +62,8 @@ class Search:
     """Optuna search with ASHA early stopping over a space of flat config keys."""
 
     space: typing.Mapping[str, typing.Any] | typing.Callable[[TrialConfig], typing.Mapping[str, typing.Any]]
-    """Flat config key → ``ray.tune`` domain (``tune.loguniform``, ``tune.randint``, ``tune.choice`` …), or a function
-    of the first grid point's config returning one (e.g. layer splits that depend on the backbone's depth)."""
+    """Flat config key → ``ray.tune`` domain (``tune.loguniform``, ``tune.randint``, ``tune.choice`` …), or a
+    function of the first grid point's config returning one (e.g. layer splits that depend on the backbone's depth)."""
     metric: str = "G"
     """A reported metric: ``G``, ``loss``, ``train_acc``, ``acc_d{D}``, ``acc_query_d{D}`` or ``acc_longest``."""
     mode: str = "max"
@@ -82,7 +86,7 @@ class SweepSpec:
     description: str = ""
     recipes: tuple[str, ...] = ("par",)
     """Keys of ``par_ray.recipes.RECIPES`` or of ``extra_recipes``."""
-    extra_recipes: typing.Mapping[str, typing.Callable[[TrialConfig], TrialConfig]] = field(default_factory=dict)
+    extra_recipes: typing.Mapping[str, Recipe] = field(default_factory=dict)
     """Recipes this sweep defines itself (name → function setting ``recipe.name`` to that name)."""
     tasks: tuple[str, ...] = ("swap_s5",)
     backbones: typing.Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(presets.PRESET_BACKBONES))
@@ -132,8 +136,8 @@ class Plan:
 # --------------------------------------------------------------------------------------------------------------------
 # Trial configs
 
-def resolve(params: typing.Mapping[str, typing.Any],
-            extra_recipes: typing.Mapping[str, typing.Callable[[TrialConfig], TrialConfig]] | None = None) -> TrialConfig:
+def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mapping[str, Recipe] | None = None
+            ) -> TrialConfig:
     """The trial config of one Tune trial's flat params: ``preset`` and ``recipe`` plus flat config keys.
 
     Order: ``presets.preset_trial(preset, backbone, task, seed)`` → the non-recipe keys → the recipe (from
@@ -169,7 +173,8 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
         fixed.update(_flat_values(presets.smoke_overrides(presets.preset_trial(preset, backbones[0]))))
     search = spec.search
     if search is not None:
-        search = replace(search, metric=opts.metric or search.metric, num_samples=opts.num_samples or search.num_samples)
+        search = replace(search, metric=opts.metric or search.metric,
+                         num_samples=opts.num_samples or search.num_samples)
         if opts.smoke_test:
             search = replace(search, num_samples=min(search.num_samples, 3))
     space = dict(fixed)
@@ -215,18 +220,19 @@ def _flat_values(flat: typing.Mapping[str, typing.Any]) -> dict[str, typing.Any]
 
 
 def _domain_ends(key: str, domain: typing.Any) -> list[typing.Any]:
-    from ray.tune.search.sample import Categorical, Domain
+    from ray.tune.search.sample import Categorical, Float, Integer
 
     if isinstance(domain, Categorical):
         return list(domain.categories)
-    if isinstance(domain, Domain) and hasattr(domain, "lower"):
-        upper = domain.upper - 1 if isinstance(domain.upper, int) and not isinstance(domain.lower, float) else domain.upper
-        return [domain.lower, upper]
+    if isinstance(domain, Integer):
+        return [domain.lower, domain.upper - 1]  # tune.randint's upper bound is exclusive
+    if isinstance(domain, Float):
+        return [domain.lower, domain.upper]
     raise SweepConfigError(f"search space {key}: {domain!r} is not a ray.tune domain (tune.uniform, tune.choice …)")
 
 
 def _check_metric(metric: str, mode: str, cfgs: list[TrialConfig]) -> tuple[str, str]:
-    """Resolve ``acc_longest``; check the metric is reported in *every* report (ASHA and Tune's strict check need it)."""
+    """Resolve ``acc_longest``; check the metric is in *every* report (ASHA and Tune's strict metric check need it)."""
     if mode not in ("max", "min"):
         raise SweepConfigError(f"--mode: {mode!r} is not one of ['max', 'min']")
     depths = {cfg.eval.depths for cfg in cfgs}
@@ -307,7 +313,7 @@ def _label(cfg: TrialConfig) -> str:
 # Tune: the per-trial driver and the MLflow callback
 
 def _trial_driver(params: dict, train_storage: str, train_max_failures: int,
-                  extra_recipes: typing.Mapping[str, typing.Callable] | None = None) -> None:
+                  extra_recipes: typing.Mapping[str, Recipe] | None = None) -> None:
     """One trial (a Tune function trainable): build this trial's TorchTrainer and fit it; Train reports reach Tune."""
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -541,7 +547,8 @@ def print_plan(plan: Plan, train_storage: str) -> None:
             res = f"? ({type(e).__name__})"
         print(f"| {i} | {cfg.recipe.name} | {cfg.backbone.name} | {cfg.task.name} | {tr.seed} | {tr.strategy}"
               f"{f' ZeRO-{tr.zero_stage}' if tr.strategy == 'deepspeed' else ''} | {tr.num_workers} | {res} | "
-              f"{tr.steps} | {cfg.task.train_depth} | {','.join(map(str, cfg.eval.depths))} | {_memory_estimate(cfg)} |")
+              f"{tr.steps} | {cfg.task.train_depth} | {','.join(map(str, cfg.eval.depths))} | "
+              f"{_memory_estimate(cfg)} |")
 
 
 def _describe_domain(domain: typing.Any) -> str:
@@ -591,7 +598,8 @@ def summary_frame(rows: list[dict[str, typing.Any]]):
     for c in accs + ["G"]:
         aggs += [pl.col(c).mean().alias(f"{c}_mean"), pl.col(c).std(ddof=1).alias(f"{c}_std")]
     aggs.append((pl.col("G_censored") > 0).any().alias("G_censored"))
-    return df.group_by(["task", "recipe", "backbone"], maintain_order=True).agg(aggs).sort(["task", "recipe", "backbone"])
+    keys = ["task", "recipe", "backbone"]
+    return df.group_by(keys, maintain_order=True).agg(aggs).sort(keys)
 
 
 def format_summary(frame, depths: typing.Sequence[int], d_train: int) -> str:
@@ -672,7 +680,7 @@ def _run_analysis(sweep: str, tracker, out_dir: str | None) -> bool:
 
 
 def _exists(path: str) -> bool:
-    """Whether a local path or a storage URI (``s3://``, ``gs://`` …, through pyarrow as Ray's storage does) exists."""
+    """Whether a local path or a storage URI (``s3://``, ``gs://`` …; through pyarrow, as Ray's storage) exists."""
     if "://" not in path:
         return os.path.exists(path)
     import pyarrow.fs

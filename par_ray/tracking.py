@@ -58,7 +58,8 @@ _SECRET_VALUE = re.compile(r"^(hf_[A-Za-z0-9]{16,}|sk-[A-Za-z0-9_-]{16,}|gh[pous
 
 def redact(values: typing.Mapping[str, typing.Any]) -> dict[str, typing.Any]:
     """``values`` without entries whose key looks like a token / key / secret / password, or whose value looks like a
-    credential (``hf_…``, ``sk-…``, ``ghp_…``, ``AKIA…``, ``xox?-…`` tokens, ``scheme://user:password@`` URLs)."""
+    credential (``hf_…``, ``sk-…``, ``ghp_…``, ``AKIA…``, ``xox?-…`` tokens, ``scheme://user:password@`` URLs).
+    """
     return {k: v for k, v in values.items()
             if not _SECRET_KEY.search(str(k)) and not (isinstance(v, str) and _SECRET_VALUE.search(v))}
 

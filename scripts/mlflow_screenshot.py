@@ -39,7 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--storage", default="~/par_ray", help="the sweep's --storage (default ~/par_ray)")
     p.add_argument("--backend-store-uri", default=None, help="default: sqlite:///<storage>/mlflow.db")
-    p.add_argument("--artifacts", default=None, help="artifact directory the server serves (default <storage>/mlartifacts)")
+    p.add_argument("--artifacts", default=None,
+                   help="artifact directory the server serves (default <storage>/mlartifacts)")
     p.add_argument("--sweep", default="backbone_scaling", help="sweep name (experiment par_ray/<sweep>)")
     p.add_argument("--parent-run", default=None, help="the sweep's parent run id (default: the newest sweep run)")
     p.add_argument("--out", default=None, help="PNG path (default <storage>/screenshots/<sweep>_compare.png)")
@@ -95,7 +96,7 @@ _SHOW_PLOTS = """(() => {
 
 
 def _type_in_metrics(text: str) -> str:
-    """Type ``text`` into the plot's metric search box (its option list is virtualised: only typed-for options exist)."""
+    """Type ``text`` into the plot's metric search box (its option list is virtualised: options appear when typed)."""
     return ("(() => { const i = document.querySelectorAll('.du-bois-light-select-multiple')[1].querySelector('input');"
             " const set = Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set;"
             f" i.focus(); set.call(i, {json.dumps(text)}); i.dispatchEvent(new Event('input', {{bubbles: true}}));"

@@ -49,8 +49,8 @@ def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
     exp_path = str(tmp_path / "tune" / "demo")
     t = tracking.SweepTracker.open("demo", exp_path, uri, params={"seeds": "0,1", "hf_token": "x"}, commit="abc123")
     cfgs = {"t0": _cfg(0), "t1": _cfg(1, "tiny-qwen3")}
-    final = {"step": 4, "loss": 2.0, "G": 2.0, "G_censored": 1.0, "chance": 1 / 120, "acc_d8": 0.9, "acc_query_d8": 0.95,
-             "acc_d16": 0.8, "acc_query_d16": 0.9}
+    final = {"step": 4, "loss": 2.0, "G": 2.0, "G_censored": 1.0, "chance": 1 / 120, "acc_d8": 0.9,
+             "acc_query_d8": 0.95, "acc_d16": 0.8, "acc_query_d16": 0.9}
     for tid, cfg in cfgs.items():
         t.start_trial(tid, cfg, run_name=f"run-{tid}")
         t.log_metrics(tid, {"step": 2, "loss": 3.0, "d50": 16.0, "done": True, "note": "x"}, step=2)
