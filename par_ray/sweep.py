@@ -37,7 +37,10 @@ from par_ray.model.backbones import BACKBONES
 from par_ray.recipes import RECIPES, apply_recipe
 
 PRESET_CHOICES = ("auto", "local", "paper")
-DEFAULT_STORAGE = "~/par_ray"
+DEFAULT_STORAGE = "runs/{name}"
+"""``--storage`` default, relative to the working directory (``runs/`` is git-ignored): ``tune/``, ``train/``,
+``mlflow.db``, ``mlartifacts/``, ``analysis/``. Under ``ray job submit`` pass an absolute path or a bucket URI: the
+job's working directory is a temporary copy."""
 DRIVER_RESOURCES = {"CPU": 0.0, "memory": 512 * 2**20}
 """What a trial's driver (a Tune actor that only waits on its TorchTrainer) reserves. Memory, not a CPU sliver: on a
 2-core machine a 0.01-CPU driver plus a 1-CPU worker would let only one trial run at a time."""
@@ -108,7 +111,8 @@ class Options:
     preset: str = "auto"
     seeds: tuple[int, ...] | None = None
     backbones: tuple[str, ...] | None = None
-    storage: str = DEFAULT_STORAGE
+    storage: str | None = None
+    """``None``: ``DEFAULT_STORAGE`` for the sweep's name."""
     mlflow_uri: str | None = None
     dry_run: bool = False
     resume: bool = False
@@ -299,6 +303,34 @@ def cluster_capacity() -> dict[str, float]:
     return {k: max(now.get(k, 0.0), float(most.get(k, 0) or 0)) for k in set(now) | set(most)}
 
 
+def autoscaler_limits_unknown() -> bool:
+    """Whether an autoscaler may add nodes to the connected cluster without Ray publishing how many.
+
+    :func:`cluster_capacity` then sees only the nodes running now (a CPU-0 head before any worker starts): in Ray
+    2.60 neither the v1 autoscaler (``ray up``, ``ray start --autoscaling-config``) nor v2 (KubeRay) writes the
+    cluster config that ``get_max_resources_from_cluster_config`` reads. v1 is recognised by its status in the GCS
+    (what ``ray status`` prints), which maps nodes to the node types of its config; the read-only monitor of a fixed
+    cluster names each node ``node_<id>`` instead.
+    """
+    import json
+
+    from ray._private import ray_constants
+    from ray._private.state import state
+    from ray.autoscaler.v2.utils import is_autoscaler_v2
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    try:
+        if state.get_max_resources_from_cluster_config():
+            return False
+        if is_autoscaler_v2(fetch_from_server=True):
+            return True
+        status = json.loads(_internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS) or b"{}")
+    except Exception:  # noqa: BLE001 - no autoscaler state to read: a fixed cluster
+        return False
+    mapping = (status.get("autoscaler_report") or {}).get("node_type_mapping") or {}
+    return any(node_type != f"node_{node_id}" for node_id, node_type in mapping.items())
+
+
 def _fmt(resources: typing.Mapping[str, float]) -> str:
     keys = [k for k in ("CPU", "GPU", "memory") if k in resources]
     return ", ".join(f"{resources[k] / 2**30:.1f} GiB memory" if k == "memory" else f"{resources[k]:g} {k}"
@@ -401,8 +433,12 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     """
     from par_ray import tracking
 
-    remote = "://" in opts.storage
-    storage = opts.storage.rstrip("/") if remote else os.path.abspath(os.path.expanduser(opts.storage))
+    raw = opts.storage or DEFAULT_STORAGE.format(name=spec.name)
+    remote = "://" in raw
+    storage = raw.rstrip("/") if remote else os.path.abspath(os.path.expanduser(raw))
+    if not remote and not os.path.isabs(os.path.expanduser(raw)) and "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ:
+        print(f"warning: --storage {raw} is inside this Ray job's temporary working directory ({storage}); pass an "
+              f"absolute path or a bucket URI to keep the results", file=sys.stderr)
     experiment_path, train_storage = f"{storage}/tune/{spec.name}", f"{storage}/train/{spec.name}"
     preset = opts.preset
     if preset not in PRESET_CHOICES:
@@ -429,7 +465,14 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     if plan is None:
         plan = build_plan(spec, opts, "paper" if _cluster_has_gpu() else "local")
     needs = [(_label(cfg), trial_resources(cfg, train_storage)) for _, cfg in plan.trials]
-    concurrency = max_concurrent_trials(needs, cluster_capacity())
+    if autoscaler_limits_unknown():
+        # Every trial at once: the worker groups of trials that do not fit yet are the demand the autoscaler adds
+        # nodes for (a limit from the nodes running now would keep it from ever scaling up).
+        concurrency = _count(plan)
+        print(f"sweep {spec.name}: the cluster autoscales without publishing its limits; trials that do not fit the "
+              f"nodes running now wait for new ones (`ray status` shows the pending demand)", flush=True)
+    else:
+        concurrency = max_concurrent_trials(needs, cluster_capacity())
     print(f"sweep {spec.name}: preset {plan.preset}, {_count(plan)} trials, up to {concurrency} at once "
           f"(largest trial: {_fmt(max((n for _, n in needs), key=lambda n: (n.get('GPU', 0), n.get('CPU', 0))))}); "
           f"storage {storage}", flush=True)
@@ -465,7 +508,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     failed = counts.get("failed", 0) + counts.get("unfinished", 0)
     tracker.close_open_trials("KILLED")  # interrupted trials; --resume reopens their runs
     tracker.finish("FAILED" if counts.get("failed") else "KILLED" if counts.get("unfinished") else "FINISHED")
-    out_dir = None if remote else f"{storage}/analysis/{spec.name}"
+    out_dir = None if remote else f"{storage}/analysis"
     if not _run_analysis(spec.name, tracker, out_dir) and rows:
         cfg0 = plan.trials[0][1]
         print(f"\naccuracy by depth (%) and G = d50 / d_train (d_train = {cfg0.task.train_depth}), mean ± std over "
@@ -720,8 +763,9 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
     p.add_argument("--seeds", type=_ints, default=None, help=f"comma-separated seeds (default {spec.seeds})")
     p.add_argument("--backbones", type=_backbones, default=None,
                    help="comma-separated backbone names (default: the preset's)")
-    p.add_argument("--storage", default=DEFAULT_STORAGE,
-                   help=f"Tune/Train results, default MLflow store and analysis (default {DEFAULT_STORAGE})")
+    p.add_argument("--storage", default=None,
+                   help=f"directory or bucket URI for Tune/Train results, the default MLflow store and the analysis "
+                        f"(default {DEFAULT_STORAGE.format(name=spec.name)})")
     p.add_argument("--mlflow-uri", default=None,
                    help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<storage>/mlflow.db)")
     p.add_argument("--dry-run", action="store_true", help="print the trials and resources, then exit")

@@ -37,7 +37,7 @@ WIDTH, HEIGHT = 1600, 1980
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--storage", default="~/par_ray", help="the sweep's --storage (default ~/par_ray)")
+    p.add_argument("--storage", default=None, help="the sweep's --storage (default runs/<sweep>)")
     p.add_argument("--backend-store-uri", default=None, help="default: sqlite:///<storage>/mlflow.db")
     p.add_argument("--artifacts", default=None,
                    help="artifact directory the server serves (default <storage>/mlartifacts)")
@@ -178,7 +178,7 @@ async def _screenshot(chromium: str, url: str, metrics: list[str], out: str) -> 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    storage = os.path.abspath(os.path.expanduser(args.storage))
+    storage = os.path.abspath(os.path.expanduser(args.storage or f"runs/{args.sweep}"))
     backend = args.backend_store_uri or f"sqlite:///{storage}/mlflow.db"
     if backend.startswith("sqlite:///") and not os.path.exists(backend[len("sqlite:///"):]):
         print(f"error: --storage: no MLflow store at {backend}", file=sys.stderr)

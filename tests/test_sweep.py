@@ -93,6 +93,10 @@ def test_run_sweep_refuses_bad_input_before_starting_ray(tmp_path, monkeypatch):
         sweep.run_sweep(SweepSpec(name="x"), Options(preset="local", storage=str(tmp_path)))
     with pytest.raises(SweepConfigError, match="--mlflow-uri"):
         sweep.run_sweep(SweepSpec(name="x"), Options(preset="local", storage="s3://bucket/none"))
+    monkeypatch.chdir(tmp_path)  # the default storage is runs/<sweep name> under the working directory
+    (tmp_path / "runs" / "y" / "tune" / "y").mkdir(parents=True)
+    with pytest.raises(SweepConfigError, match=f"already exists at {tmp_path}/runs/y/tune/y"):
+        sweep.run_sweep(SweepSpec(name="y"), Options(preset="local"))
     assert not ray.is_initialized()
 
 
