@@ -618,7 +618,8 @@ def _memory_estimate(cfg: TrialConfig) -> str:
             micro_batch=tr.batch_size // tr.num_workers, seq_len=int(episode.input_ids.shape[1]),
             zero_stage=tr.zero_stage, offload=tr.zero_offload, dtype="bf16" if tr.use_gpu else "fp32",
             read_positions=int(episode.read_positions.numel()), split=cfg.backbone.split, tied=rc.tied,
-            untied_copies=rc.max_iterations, anchoring=rc.anchoring, vocab_size=task.vocab_size)
+            untied_copies=rc.max_iterations, anchoring=rc.anchoring,
+            vocab_size=None if cfg.backbone.pretrained else task.vocab_size)  # checkpoints keep their vocabulary
     except Exception as e:  # noqa: BLE001 - the planner is optional for a dry run; say why it is missing
         return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
     return f"{estimate.total / 1e9:.2f} GB ({estimate.peak_phase})"

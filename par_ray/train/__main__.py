@@ -83,7 +83,8 @@ def main(argv=None) -> int:
     os.makedirs(out, exist_ok=True)
     name = f"{cfg.recipe.name}-{cfg.backbone.name}-{cfg.task.name}-seed{cfg.train.seed}"
     t0 = time.time()
-    result = build_trainer(cfg, name, storage_path=os.path.join(out, "ray"), local=cfg.train.num_workers == 1).fit()
+    result = build_trainer(cfg, name, storage_path=os.path.join(out, "ray"), local=cfg.train.num_workers == 1,
+                           export_dir=os.path.join(out, "final")).fit()
     m = result.metrics
     acc = {d: m[f"acc_d{d}"] for d in cfg.eval.depths}
     ex = Extrapolation(d50=int(m["d50"]) if "d50" in m else None, G=m["G"], censored=bool(m["G_censored"]),
