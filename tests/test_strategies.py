@@ -21,6 +21,15 @@ RECIPE = RecipeConfig(grad_window=2, max_iterations=8)
 TRAIN = TrainConfig(steps=6, batch_size=4, warmup_steps=2, lr=1e-3, weight_decay=0.1, grad_clip=0.5)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: on a shared 2-core machine two spinning OpenMP threads make these steps ~10x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def engine_for(strategy: str, **train):
     tc = dataclasses.replace(TRAIN, strategy=strategy, **train)
     task = build_task(TASK)
@@ -48,6 +57,10 @@ def test_deepspeed_config_follows_train_config(stage, offload):
     zero = cfg["zero_optimization"]
     assert zero["stage"] == stage
     assert ("offload_optimizer" in zero) is offload
+    # ZeRO-3 keeps vectors whole and partitions every matrix, even at tiny shapes (DeepSpeed's default cut is 1e5)
+    assert zero.get("stage3_param_persistence_threshold") == (None if stage < 3 else 1)
+    assert deepspeed_config(tc, World(), largest_vector=128)["zero_optimization"].get(
+        "stage3_param_persistence_threshold") == (None if stage < 3 else 129)
     assert cfg["bf16"]["enabled"] is False  # CPU world: fp32
     assert deepspeed_config(tc, World(device=torch.device("cuda", 0)))["bf16"]["enabled"] is True
 
@@ -85,10 +98,13 @@ def own_process_group():
 
 
 def test_deepspeed_single_process_matches_ddp_and_round_trips(own_process_group, tmp_path):
-    """Ray Train local mode has no process group; the deepspeed strategy makes a one-rank gloo group for it."""
+    """Ray Train local mode has no process group; the deepspeed strategy makes a one-rank gloo group for it.
+
+    ZeRO-3, so that the checkpoint holds partitioned parameters (one partition on one rank).
+    """
     ddp, task = engine_for("ddp")
     want = run_steps(ddp, task, range(6))
-    ds, _ = engine_for("deepspeed", zero_stage=2)
+    ds, _ = engine_for("deepspeed", zero_stage=3)
     got = run_steps(ds, task, range(3))
     ds.save(str(tmp_path), {"step": 3})
     got += run_steps(ds, task, range(3, 6))

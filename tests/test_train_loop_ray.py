@@ -11,6 +11,7 @@ import math
 
 import pytest
 import ray
+import torch
 
 from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, with_overrides
 from par_ray.train import loop
@@ -27,7 +28,8 @@ TIMING = ("step_time_s", "tokens_per_s", "peak_memory_mb", "train_seconds")
 
 
 def trial(**train) -> TrialConfig:
-    train = {"num_workers": 2, "checkpoint_every": 3, **train}
+    # One torch thread per process: 2 workers on 2 cores, and no oversubscribed OpenMP threads in the local run.
+    train = {"num_workers": 2, "checkpoint_every": 3, "threads_per_worker": 1, **train}
     return TrialConfig(
         task=TaskConfig(train_depth=4),
         recipe=RecipeConfig(grad_window=2, max_iterations=8),
@@ -49,8 +51,11 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def reference():
-    """Per-step metrics of the single-process run (local mode, no Ray cluster), captured from ``ray.train.report``."""
+def reference(tmp_path_factory):
+    """Per-step metrics of the single-process run (local mode: this process, no workers).
+
+    Local mode runs no Ray Train callbacks, so the reports are read off ``ray.train.report`` itself.
+    """
     reports = []
     report = loop.ray.train.report
 
@@ -58,11 +63,11 @@ def reference():
         reports.append(dict(metrics))
         report(metrics, checkpoint=checkpoint)
 
-    loop.ray.train.report = spy
-    try:
-        build_trainer(trial(num_workers=1), "reference", "/tmp/par_ray_unused", local=True).fit()
-    finally:
-        loop.ray.train.report = report
+    threads = torch.get_num_threads()  # the local run sets this process's torch threads
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop.ray.train, "report", spy)
+        build_trainer(trial(num_workers=1), "reference", str(tmp_path_factory.mktemp("reference")), local=True).fit()
+    torch.set_num_threads(threads)
     return reports
 
 
@@ -76,11 +81,15 @@ def losses(reports) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in reports}
 
 
-def assert_same_curve(got_reports, want_reports, steps=range(1, STEPS + 1)):
+def assert_same_curve(got_reports, want_reports, steps=range(1, STEPS + 1)) -> float:
+    """Per-step losses equal within LOSS_ATOL; returns the largest difference (printed with ``pytest -s``)."""
     got, want = losses(got_reports), losses(want_reports)
     assert sorted(got) == list(steps)
     for s in steps:
         assert got[s] == pytest.approx(want[s], abs=LOSS_ATOL), f"step {s}: {got[s]} vs {want[s]}"
+    diff = max(abs(got[s] - want[s]) for s in steps)
+    print(f"max |loss difference| over steps {steps.start}..{steps.stop - 1}: {diff:.2e}")
+    return diff
 
 
 def assert_same_final(got: dict, want: dict, abs_tol: float = LOSS_ATOL):
@@ -100,8 +109,6 @@ def test_ddp_two_workers_match_single_process(ddp_run, reference):
     result, reports = ddp_run
     assert_same_curve(reports, reference)
     assert_same_final(result.metrics, reference[-1])
-    print("max |loss diff| ddp vs local:",
-          max(abs(losses(reports)[s] - losses(reference)[s]) for s in losses(reference)))
 
 
 def test_fsdp_two_workers_match_ddp(ray_cluster, ddp_run, tmp_path):
