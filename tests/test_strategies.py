@@ -89,6 +89,13 @@ def test_checkpoint_round_trip_continues_identically(strategy, tmp_path):
     assert run_steps(fresh, task, range(3, 6)) == pytest.approx(want, abs=1e-6)
 
 
+def test_deepspeed_refuses_the_untied_baseline():
+    tc = dataclasses.replace(TRAIN, strategy="deepspeed")
+    untied = build_looped(BackboneConfig(), dataclasses.replace(RECIPE, tied=False), vocab_size=8)
+    with pytest.raises(ValueError, match="recipe.tied"):
+        prepare(untied, tc, World())
+
+
 @pytest.fixture
 def own_process_group():
     """DeepSpeed's local path starts a one-rank group in this process; tear it down as Ray's local mode would."""

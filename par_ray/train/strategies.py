@@ -354,6 +354,14 @@ def deepspeed(model: nn.Module, train_cfg, world: World) -> Engine:
     group in this process. On CPU, DeepSpeed JIT-compiles C++ ops on first use (``deepspeed_shm_comm``, and
     ``cpu_adam`` for offload), cached under ``TORCH_EXTENSIONS_DIR`` (see :func:`build_deepspeed_ops`).
     """
+    if not getattr(model, "tied", True):
+        # The untied baseline runs only min(R, copies) core copies per step. torch's AdamW skips parameters without a
+        # gradient (ddp, fsdp: tested equal); ZeRO hands them zero (ZeRO-2: AdamW keeps moving them on old
+        # momentum) or, with ZeRO-3, a gradient norm that already differs from ddp's on the first step that leaves a
+        # copy unused. Rather than train a subtly different baseline, refuse.
+        raise ValueError("train.strategy: 'deepspeed' does not train the untied baseline (recipe.tied=False) like "
+                         "ddp/fsdp (core copies unused in a step get zero or stale gradients under ZeRO); use "
+                         "train.strategy='ddp' or 'fsdp' for it")
     import deepspeed as ds
 
     global _deepspeed_local_runs
