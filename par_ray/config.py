@@ -201,6 +201,8 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     check(tr.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {tr.warmup_steps}")
     check(tr.grad_clip >= 0, "train.grad_clip", f"must be >= 0, got {tr.grad_clip}")
     check(tr.strategy in STRATEGIES, "train.strategy", f"{tr.strategy!r} is not one of {list(STRATEGIES)}")
+    check(tr.strategy != "deepspeed" or r.tied, "train.strategy",
+          "'deepspeed' cannot train the untied baseline (recipe.tied=False): use 'ddp' or 'fsdp' (docs/distributed.md)")
     check(tr.zero_stage in ZERO_STAGES, "train.zero_stage", f"{tr.zero_stage!r} is not one of {list(ZERO_STAGES)}")
     check(tr.threads_per_worker >= 0, "train.threads_per_worker", f"must be >= 0, got {tr.threads_per_worker}")
     for name in ("eval_every", "report_every"):

@@ -46,6 +46,7 @@ def test_all_problems_reported_in_one_error():
     ({"recipe": {"targets": "half"}}, "recipe.targets"),
     ({"task": {"op_order": "sideways"}}, "task.op_order"),
     ({"train": {"batch_size": 63, "num_workers": 2}}, "train.batch_size"),
+    ({"train": {"strategy": "deepspeed"}, "recipe": {"tied": False}}, "train.strategy"),
 ])
 def test_bad_fields_are_named(overrides, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
