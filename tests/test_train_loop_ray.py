@@ -133,16 +133,20 @@ def test_deepspeed_two_workers_match_ddp(ray_cluster, deepspeed_ops, ddp_run, tm
     assert_same_final(result.metrics, ddp_run[0].metrics)
 
 
-def test_killed_worker_resumes_from_checkpoint_with_same_final_metrics(ray_cluster, ddp_run, tmp_path):
+@pytest.mark.parametrize("strategy,zero_stage,abs_tol", [("ddp", 2, 1e-6), ("deepspeed", 3, LOSS_ATOL)],
+                         ids=["ddp", "deepspeed-zero3"])
+def test_killed_worker_resumes_from_checkpoint_with_same_final_metrics(ray_cluster, deepspeed_ops, ddp_run, tmp_path,
+                                                                        strategy, zero_stage, abs_tol):
     # Checkpoints after steps 2 and 4; rank 0 dies right after reporting the step-4 checkpoint, before step 5 (the
-    # case where an unconsumed report would die with the worker).
-    cfg = trial(strategy="ddp", checkpoint_every=2, fail_at_step=4)
+    # case where an unconsumed report would die with the worker). Both ranks then load the merged checkpoint:
+    # ddp's full copy, or every rank's ZeRO-3 partitions written by DeepSpeed's save_checkpoint.
+    cfg = trial(strategy=strategy, zero_stage=zero_stage, checkpoint_every=2, fail_at_step=4)
     result, log = fit(cfg, tmp_path, max_failures=1)
     failures = [r for r in log if "failure" in r]
     assert len(failures) == 1 and "0" in failures[0]["failure"], log
     steps = [r["metrics"]["step"] for r in log if "metrics" in r]
     assert steps == [1, 2, 3, 4, 5, 6], steps  # nothing lost, nothing repeated: resumed from the step-4 checkpoint
-    assert_same_final(result.metrics, ddp_run[0].metrics, abs_tol=1e-6)
+    assert_same_final(result.metrics, ddp_run[0].metrics, abs_tol=abs_tol)  # ddp: bit-for-bit resumption
 
 
 def test_fsdp_checkpoint_from_two_workers_resumes_on_one(ray_cluster, reference, tmp_path):
