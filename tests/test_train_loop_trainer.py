@@ -1,8 +1,11 @@
-"""build_trainer's checks and naming, and the MetricsLog callback, without starting Ray."""
+"""build_trainer's checks, naming and export, and the MetricsLog callback, without starting a Ray cluster."""
+
+import json
 
 import pytest
+import torch
 
-from par_ray.config import TrialConfig, with_overrides
+from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, with_overrides
 from par_ray.train.trainer import MetricsLog, build_trainer, fault_injection_errors, run_name
 
 
@@ -45,3 +48,17 @@ def test_metrics_log_appends_reports_and_failures(tmp_path):
         {"failure": {"0": "RuntimeError('boom')"}},
         {"metrics": {"step": 2, "loss": 1.5}, "checkpoint": True},
     ]
+
+
+def test_local_run_exports_final_state(tmp_path):
+    """``export_dir`` gets the last step's state in the strategy's format (ddp: state.pt + extra.json)."""
+    cfg = TrialConfig(task=TaskConfig(train_depth=4), recipe=RecipeConfig(grad_window=2, max_iterations=8),
+                      train=TrainConfig(steps=3, batch_size=4, warmup_steps=1, threads_per_worker=1,
+                                        checkpoint_every=0),
+                      eval=EvalConfig(depths=(4,), num_sequences=4, batch_size=4))
+    threads = torch.get_num_threads()
+    build_trainer(cfg, None, str(tmp_path / "ray"), local=True, export_dir=str(tmp_path / "final")).fit()
+    torch.set_num_threads(threads)
+    assert json.loads((tmp_path / "final" / "extra.json").read_text())["step"] == 3
+    state = torch.load(tmp_path / "final" / "state.pt", weights_only=True)
+    assert set(state) == {"model", "optimizer", "scheduler"} and state["scheduler"]["last_epoch"] == 3

@@ -55,8 +55,12 @@ def eval_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
-    """Ray Train worker function. ``loop_config = {"trial": TrialConfig}``."""
+    """Ray Train worker function. ``loop_config = {"trial": TrialConfig, "export_dir": str | None}``.
+
+    ``export_dir``: also save the final state there, in the strategy's checkpoint format (ddp: ``state.pt``).
+    """
     cfg: TrialConfig = loop_config["trial"]
+    export_dir = loop_config.get("export_dir")
     tc = cfg.train
     ctx = ray.train.get_context()  # ray
     world = World(rank=ctx.get_world_rank(), size=ctx.get_world_size(),
@@ -125,9 +129,13 @@ def train_loop_per_worker(loop_config: dict) -> None:
                    f"  G {last_eval['G']:.2f}" if last_eval else ""))
             window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
             if want_ckpt:
+                extra = {"step": done, "train_seconds": train_seconds}
                 with tempfile.TemporaryDirectory() as d:
-                    engine.save(d, {"step": done, "train_seconds": train_seconds})
+                    engine.save(d, extra)
                     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))  # ray
+                if is_last and export_dir:  # a copy outside Ray's storage (local mode keeps no checkpoint files)
+                    os.makedirs(export_dir, exist_ok=True)
+                    engine.save(export_dir, extra)  # every rank: sharded strategies write their own part
             else:
                 ray.train.report(metrics)  # ray
 
