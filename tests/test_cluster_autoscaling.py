@@ -188,24 +188,6 @@ def _finish(proc: subprocess.Popen, log_dir: Path, deadline: float) -> tuple[str
     return out, err
 
 
-def _runs(uri: str, sweep: str):
-    """(parent run, child runs) of ``par_ray/<sweep>``: exactly one parent, every other run a child of it."""
-    import mlflow
-
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    try:
-        runs = mlflow.search_runs(experiment_names=[tracking.experiment_name(sweep)], output_format="list")
-    finally:
-        mlflow.set_tracking_uri(previous)
-    parents = [r for r in runs if r.data.tags.get("par_ray.role") == "sweep"]
-    children = [r for r in runs if r.data.tags.get("par_ray.role") == "trial"]
-    assert len(parents) == 1, [p.info.run_id for p in parents]
-    assert len(runs) == 1 + len(children), [r.data.tags for r in runs]
-    assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
-    return parents[0], children
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # 1. Autoscaling: workers come for waiting trials and go when idle
 
@@ -220,7 +202,7 @@ def autoscaling_config() -> dict:
     return config
 
 
-def test_autoscaler_adds_workers_for_a_waiting_sweep_and_removes_them_when_idle(tmp_path):
+def test_autoscaler_adds_workers_for_a_waiting_sweep_and_removes_them_when_idle(tmp_path, sweep_runs):
     storage = tmp_path / "storage"
     timeline: list[tuple[float, int]] = []  # (seconds since the sweep started, alive worker nodes), at each change
 
@@ -255,7 +237,7 @@ def test_autoscaler_adds_workers_for_a_waiting_sweep_and_removes_them_when_idle(
         assert timeline[-1][1] == 0, f"idle workers not removed within {SCALE_DOWN_TIMEOUT_S} s: {timeline}"
         assert len(ray.nodes()) >= 1 + peak  # removed workers stay listed, dead
 
-    parent, children = _runs(f"sqlite:///{storage}/mlflow.db", "backbone_scaling")
+    parent, children = sweep_runs(f"sqlite:///{storage}/mlflow.db", "backbone_scaling")
     assert parent.info.status == "FINISHED"
     assert sorted((c.data.tags["par_ray.backbone"], c.data.tags["par_ray.seed"]) for c in children) == [
         (b, s) for b in ("tiny-qwen2", "tiny-qwen3") for s in ("0", "1")]
@@ -328,7 +310,7 @@ def _training_node(ray) -> str | None:
     return actors[0].node_id if actors else None
 
 
-def test_trial_resumes_from_checkpoint_after_losing_its_worker_node(tmp_path):
+def test_trial_resumes_from_checkpoint_after_losing_its_worker_node(tmp_path, sweep_runs):
     script = tmp_path / "node_loss.py"
     script.write_text(NODE_LOSS_SWEEP)
     storage = tmp_path / "storage"
@@ -363,7 +345,7 @@ def test_trial_resumes_from_checkpoint_after_losing_its_worker_node(tmp_path):
 
     from mlflow.tracking import MlflowClient
 
-    parent, children = _runs(uri, "node_loss")
+    parent, children = sweep_runs(uri, "node_loss")
     assert len(children) == 1, "one trial, one child run: the restart must reuse it"
     child = children[0]
     assert parent.info.status == child.info.status == "FINISHED"

@@ -32,24 +32,6 @@ def _sweep(script: str | Path, *args: str, timeout: int = 900) -> subprocess.Com
     return r
 
 
-def _runs(uri: str, sweep: str):
-    """(parent run, child runs) of the only sweep in ``par_ray/<sweep>``, read with ``mlflow.search_runs``."""
-    import mlflow
-
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(uri)
-    try:
-        df = mlflow.search_runs(experiment_names=[tracking.experiment_name(sweep)], output_format="list")
-    finally:
-        mlflow.set_tracking_uri(previous)
-    parents = [r for r in df if r.data.tags.get("par_ray.role") == "sweep"]
-    children = [r for r in df if r.data.tags.get("par_ray.role") == "trial"]
-    assert len(parents) == 1, [p.info.run_id for p in parents]
-    assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
-    assert len(df) == 1 + len(children)
-    return parents[0], children
-
-
 @pytest.fixture(scope="module")
 def smoke_sweep(tmp_path_factory):
     """``python sweeps/backbone_scaling.py --smoke-test --seeds 0,1`` logging to an ``mlflow server`` over HTTP."""
@@ -61,7 +43,7 @@ def smoke_sweep(tmp_path_factory):
         yield {"result": r, "url": url, "backend": backend, "artifacts": artifacts, "tmp": tmp}
 
 
-def test_smoke_sweep_is_one_parent_and_a_child_run_per_trial_over_http(smoke_sweep):
+def test_smoke_sweep_is_one_parent_and_a_child_run_per_trial_over_http(smoke_sweep, sweep_runs):
     from mlflow.tracking import MlflowClient
 
     r, url = smoke_sweep["result"], smoke_sweep["url"]
@@ -69,7 +51,7 @@ def test_smoke_sweep_is_one_parent_and_a_child_run_per_trial_over_http(smoke_swe
     assert "trials: 4 finished" in r.stdout
     assert "| par | tiny-qwen2 |" in r.stdout and "| par | tiny-qwen3 |" in r.stdout  # the seed-aggregated table
 
-    parent, children = _runs(url, "backbone_scaling")
+    parent, children = sweep_runs(url, "backbone_scaling")
     assert parent.data.tags["par_ray.sweep"] == "backbone_scaling" and parent.info.status == "FINISHED"
     assert sorted((c.data.tags["par_ray.backbone"], c.data.tags["par_ray.seed"]) for c in children) == [
         (b, s) for b in ("tiny-qwen2", "tiny-qwen3") for s in ("0", "1")]
@@ -120,7 +102,7 @@ FAILING_SWEEP = textwrap.dedent('''
 ''')
 
 
-def test_resume_finishes_failed_trials_without_rerunning_or_duplicating(tmp_path):
+def test_resume_finishes_failed_trials_without_rerunning_or_duplicating(tmp_path, sweep_runs):
     from mlflow.tracking import MlflowClient
 
     script = tmp_path / "resume_demo.py"
@@ -132,7 +114,7 @@ def test_resume_finishes_failed_trials_without_rerunning_or_duplicating(tmp_path
     first = _sweep(script, *flags)
     assert first.returncode == 1, first.stderr[-3000:]
     assert "rerun with --resume" in first.stderr
-    parent, children = _runs(uri, "resume_demo")
+    parent, children = sweep_runs(uri, "resume_demo")
     status = {c.data.tags["par_ray.recipe"]: c.info.status for c in children}
     assert status == {"par": "FINISHED", "par_fail": "FAILED"}
     client = MlflowClient(uri)
@@ -142,7 +124,7 @@ def test_resume_finishes_failed_trials_without_rerunning_or_duplicating(tmp_path
 
     second = _sweep(script, *flags, "--resume")
     assert second.returncode == 0, second.stderr[-3000:]
-    parent2, children2 = _runs(uri, "resume_demo")
+    parent2, children2 = sweep_runs(uri, "resume_demo")
     assert parent2.info.run_id == parent.info.run_id  # the same sweep run ...
     assert {c.data.tags["par_ray.recipe"]: c.info.run_id for c in children2} == ids  # ... and no duplicate trials
     assert {c.info.status for c in children2} == {"FINISHED"}
@@ -152,12 +134,12 @@ def test_resume_finishes_failed_trials_without_rerunning_or_duplicating(tmp_path
     assert {a.path for a in client.list_artifacts(ids["par_fail"])} == set(tracking.ARTIFACTS)
 
 
-def test_optuna_search_with_asha_on_G(tmp_path):
+def test_optuna_search_with_asha_on_G(tmp_path, sweep_runs):
     storage = tmp_path / "storage"
     r = _sweep("search", "--preset", "local", "--smoke-test", "--num-samples", "3", "--storage", str(storage))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "best G = " in r.stdout
-    parent, children = _runs(f"sqlite:///{storage}/mlflow.db", "search")
+    parent, children = sweep_runs(f"sqlite:///{storage}/mlflow.db", "search")
     assert parent.data.params["search.metric"] == "G" and parent.data.params["num_trials"] == "3"
     assert len(children) == 3
     assert len({c.data.params["train.lr"] for c in children}) == 3  # Optuna proposed three configurations
