@@ -75,15 +75,14 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from par_ray.train.trainer import build_trainer  # heavy imports after validation
+    from par_ray.train.trainer import build_trainer, run_name  # heavy imports after validation
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # local mode logs every report at INFO
 
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    name = f"{cfg.recipe.name}-{cfg.backbone.name}-{cfg.task.name}-seed{cfg.train.seed}"
     t0 = time.time()
-    result = build_trainer(cfg, name, storage_path=os.path.join(out, "ray"), local=cfg.train.num_workers == 1,
+    result = build_trainer(cfg, run_name(cfg), storage_path=os.path.join(out, "ray"), local=cfg.train.num_workers == 1,
                            export_dir=os.path.join(out, "final")).fit()
     m = result.metrics
     acc = {d: m[f"acc_d{d}"] for d in cfg.eval.depths}
