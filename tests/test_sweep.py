@@ -134,7 +134,7 @@ def test_search_metric_is_checked():
     space = {"train.lr": __import__("ray").tune.loguniform(1e-4, 1e-3)}
     spec = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, search=Search(space=space))
     with pytest.raises(SweepConfigError, match=r"train\.eval_every: G must be in every report"):
-        sweep.build_plan(spec, Options(), "local")  # the local preset reports every 50 steps, evaluates every 500
+        sweep.build_plan(spec, Options(), "local")  # the local preset reports every 50 steps, evaluates every 1,000
     ok = {"train.report_every": 100, "train.eval_every": 100, "train.checkpoint_every": 500}
     spec = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, overrides=ok,
                      search=Search(space=space))
