@@ -138,7 +138,7 @@ def test_search_metric_is_checked():
     ok = {"train.report_every": 100, "train.eval_every": 100, "train.checkpoint_every": 500}
     spec = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, overrides=ok,
                      search=Search(space=space))
-    assert sweep.build_plan(spec, Options(metric="acc_longest"), "local").metric == "acc_d64"
+    assert sweep.build_plan(spec, Options(metric="acc_longest"), "local").metric == "acc_d48"
     assert sweep.build_plan(spec, Options(metric="loss"), "local").metric == "loss"
     with pytest.raises(SweepConfigError, match="--metric: 'acc_d1000'"):
         sweep.build_plan(spec, Options(metric="acc_d1000"), "local")
@@ -190,11 +190,12 @@ def test_summary_counts_finished_failed_and_interrupted_trials(capsys):
 
     plan = sweep.build_plan(SweepSpec(name="x", seeds=(0,)), Options(smoke_test=True), "local")
     (p0, c0), (p1, _) = plan.trials
-    done = {"step": 4, "G": 2.0, "G_censored": 0.0, "acc_d8": 1.0, "acc_d16": 0.4, "trial_id": "a"}
+    d1, d2 = c0.eval.depths  # the smoke test's two test depths
+    done = {"step": 4, "G": 2.0, "G_censored": 0.0, f"acc_d{d1}": 1.0, f"acc_d{d2}": 0.4, "trial_id": "a"}
     results = [R(metrics=done, config=p0, error=None), R(metrics={"step": 2}, config=p1, error=None),
                R(metrics=None, config=None, error=None), R(metrics={"step": 2}, config=p1, error=RuntimeError("x"))]
     rows, counts = sweep.print_summary(results, plan)
     assert counts == {"finished": 1, "unfinished": 2, "failed": 1}
     assert rows == [{"task": "swap_s5", "recipe": "par", "backbone": c0.backbone.name, "seed": 0, "G": 2.0,
-                     "G_censored": 0.0, "acc_d8": 1.0, "acc_d16": 0.4}]
+                     "G_censored": 0.0, f"acc_d{d1}": 1.0, f"acc_d{d2}": 0.4}]
     assert "trials: 1 finished, 2 unfinished, 1 failed" in capsys.readouterr().out

@@ -49,8 +49,9 @@ def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
     exp_path = str(tmp_path / "tune" / "demo")
     t = tracking.SweepTracker.open("demo", exp_path, uri, params={"seeds": "0,1", "hf_token": "x"}, commit="abc123")
     cfgs = {"t0": _cfg(0), "t1": _cfg(1, "tiny-qwen3")}
-    final = {"step": 4, "loss": 2.0, "G": 2.0, "G_censored": 1.0, "chance": 1 / 120, "acc_d8": 0.9,
-             "acc_query_d8": 0.95, "acc_d16": 0.8, "acc_query_d16": 0.9}
+    d1, d2 = cfgs["t0"].eval.depths[:2]  # the preset's first two test depths
+    final = {"step": 4, "loss": 2.0, "G": 2.0, "G_censored": 1.0, "chance": 1 / 120, f"acc_d{d1}": 0.9,
+             f"acc_query_d{d1}": 0.95, f"acc_d{d2}": 0.8, f"acc_query_d{d2}": 0.9}
     for tid, cfg in cfgs.items():
         t.start_trial(tid, cfg, run_name=f"run-{tid}")
         t.log_metrics(tid, {"step": 2, "loss": 3.0, "d50": 16.0, "done": True, "note": "x"}, step=2)
@@ -75,7 +76,7 @@ def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
                 tags["par_ray.git_commit"]) == ("par", cfg.backbone.name, "swap_s5", str(cfg.train.seed), "abc123")
         assert from_flat(run.data.params, base=cfg) == cfg  # params round-trip to the trial config
         assert run.data.params.keys() == to_flat(cfg).keys()
-        assert run.data.metrics["G"] == 2.0 and run.data.metrics["acc_d16"] == 0.8
+        assert run.data.metrics["G"] == 2.0 and run.data.metrics[f"acc_d{d2}"] == 0.8
         assert run.data.metrics["d50"] != run.data.metrics["d50"]  # censored at the end: the last d50 is NaN
         assert "done" not in run.data.metrics and "note" not in run.data.metrics
         assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4]
@@ -83,7 +84,7 @@ def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
         files = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert files == set(tracking.ARTIFACTS)
         summary = json.loads(open(client.download_artifacts(run.info.run_id, "accuracy_by_depth.json")).read())
-        assert [r["depth"] for r in summary["by_depth"]] == [8, 16] and summary["G_censored"] is True
+        assert [r["depth"] for r in summary["by_depth"]] == [d1, d2] and summary["G_censored"] is True
 
     # A restored sweep: same parent (found by experiment path), same child runs (found by trial id), no duplicates.
     again = tracking.SweepTracker.open("demo", exp_path, uri, params={"seeds": "0,1"})

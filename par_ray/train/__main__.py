@@ -35,7 +35,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--recipe", default="par")
     p.add_argument("--train-depth", type=int, default=None, help="d_train (default: the CPU preset's)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the CPU preset's)")
-    p.add_argument("--eval-depths", type=_ints, default=None, help="comma-separated test depths, e.g. 8,16,32,64")
+    p.add_argument("--eval-depths", type=_ints, default=None,
+                   help="comma-separated test depths, e.g. 8,16,32,64 (default: 1, 2, 4 and 8 x d_train)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=1, help=">1 starts Ray workers (DDP etc.); 1 = this process")
     p.add_argument("--strategy", default=None, help="ddp | fsdp | deepspeed")
@@ -52,6 +53,7 @@ def config_from_args(args):
     flat = {"backbone.pretrained": args.pretrained, "train.seed": args.seed}
     if args.train_depth is not None:
         flat["task.train_depth"] = args.train_depth
+        flat["eval.depths"] = tuple(m * args.train_depth for m in presets.LOCAL_EVAL_MULTIPLES)
     if args.steps is not None:
         flat["train.steps"] = args.steps
     if args.eval_depths is not None:
