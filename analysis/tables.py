@@ -221,9 +221,10 @@ def halting_results(summary: Summary) -> Table | None:
 
 def ablation_results(summary: Summary) -> Table | None:
     """Rows backbone × (anchoring, targets) × recipe: accuracy at the largest multiple tested by every row, then G.
-    ``None`` when no trial logged ``recipe.anchoring`` / ``recipe.targets``."""
+    ``None`` when no trial logged ``recipe.anchoring`` / ``recipe.targets``, or all share one (anchoring, targets)
+    pair (nothing was ablated, e.g. a backbone-scaling sweep of ``par`` only)."""
     g = summary.G.filter(pl.col("anchoring").is_not_null() | pl.col("targets").is_not_null())
-    if g.is_empty():
+    if g.select("anchoring", "targets").unique().height < 2:
         return None
     acc = summary.accuracy.join(g.select(GROUP), on=GROUP, how="semi", nulls_equal=True)
     common = acc.group_by(GROUP).agg(pl.col("multiple").max()).get_column("multiple").min()

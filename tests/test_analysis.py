@@ -9,6 +9,7 @@ std is the sample std (ddof = 1).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -300,6 +301,9 @@ def test_other_layouts(summary):
     assert (r["anchoring"], r["targets"], r["accuracy at 8× (%)"], r["G"]) == ("False", "progress", "0.0 (1)",
                                                                             "2.00 (1)")
     assert [t.name for t in tables.build_tables(summary)] == ["main_results", "scale", "halting", "ablation"]
+    # Nothing ablated (one anchoring × targets pair, e.g. a backbone-scaling sweep of par only): no ablation table.
+    par_only = dataclasses.replace(summary, G=summary.G.filter(pl.col("recipe") == "par"))
+    assert tables.ablation_results(par_only) is None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
