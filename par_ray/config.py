@@ -37,6 +37,10 @@ class TaskConfig:
     op_order: str = "forward"
     """Prompt serialisation: ``forward`` (op_1 first, the paper's) or ``recent_first`` (op_d first); see
     ``par_ray.tasks.common.RecentFirst``."""
+    train_filler: int = 0
+    """Training prompts only: 0..train_filler extra separator tokens (drawn per batch) between the operations and the
+    queries, so the distance from the queries to operation k carries no information; test prompts have none. A
+    par_ray option, not the paper's (``par_ray.tasks.common.Filler``; docs/experiments.md, experiment 6)."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,7 @@ def config_errors(cfg: TrialConfig) -> list[str]:
 
     check(t.name in TASK_NAMES, "task.name", f"{t.name!r} is not one of {list(TASK_NAMES)}")
     check(t.op_order in OP_ORDERS, "task.op_order", f"{t.op_order!r} is not one of {list(OP_ORDERS)}")
+    check(t.train_filler >= 0, "task.train_filler", f"must be >= 0, got {t.train_filler}")
     check(t.train_depth >= 1, "task.train_depth", f"must be >= 1, got {t.train_depth}")
     check(1 <= t.min_train_depth <= max(t.train_depth, 1), "task.min_train_depth",
           f"must be in [1, task.train_depth={t.train_depth}], got {t.min_train_depth}")

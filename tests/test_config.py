@@ -45,6 +45,7 @@ def test_all_problems_reported_in_one_error():
     ({"eval": {"depths": ()}}, "eval.depths"),
     ({"recipe": {"targets": "half"}}, "recipe.targets"),
     ({"task": {"op_order": "sideways"}}, "task.op_order"),
+    ({"task": {"train_filler": -2}}, "task.train_filler"),
     ({"train": {"batch_size": 63, "num_workers": 2}}, "train.batch_size"),
     ({"train": {"strategy": "deepspeed"}, "recipe": {"tied": False}}, "train.strategy"),
 ])

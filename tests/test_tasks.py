@@ -176,3 +176,28 @@ def test_recent_first_reverses_only_the_operations():
     assert torch.equal(b.input_ids[:, 7:], a.input_ids[:, 7:]) and torch.equal(b.input_ids[:, 0], a.input_ids[:, 0])
     assert torch.equal(b.states, a.states) and torch.equal(b.read_positions, a.read_positions)
     assert rev.full_state_chance == fwd.full_state_chance and rev.vocab_size == fwd.vocab_size
+
+
+def test_train_filler_inserts_separators_on_training_prompts_only():
+    from par_ray.config import TaskConfig
+    from par_ray.tasks import Filler, build_task
+
+    cfg = TaskConfig(name="swap_s5", train_filler=5)
+    assert not isinstance(build_task(cfg), Filler)  # evaluation prompts: none
+    train = build_task(cfg, train=True)
+    assert isinstance(train, Filler)
+    base = build_task(TaskConfig(name="swap_s5"))
+    seen = set()
+    for step in range(40):
+        a, b = base.sample(6, 4, seed=1, step=step), train.sample(6, 4, seed=1, step=step)
+        f = b.input_ids.shape[1] - a.input_ids.shape[1]
+        seen.add(f)
+        assert torch.equal(b.input_ids[:, :8], a.input_ids[:, :8])  # BOS, 6 operations, SEP
+        assert (b.input_ids[:, 8 : 8 + f] == a.input_ids[:, 7:8]).all()  # f more SEPs
+        assert torch.equal(b.input_ids[:, 8 + f :], a.input_ids[:, 8:])  # the queries
+        assert torch.equal(b.read_positions, a.read_positions + f) and torch.equal(b.states, a.states)
+        again = train.sample(6, 4, seed=1, step=step)  # a pure function of (task, depth, seed, step)
+        assert torch.equal(again.input_ids, b.input_ids)
+    assert seen == set(range(6))
+    with pytest.raises(ValueError, match="task.train_filler: must be >= 0"):
+        Filler(base, -1)

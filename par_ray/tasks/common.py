@@ -117,3 +117,33 @@ class RecentFirst(Task):
         ids = ep.input_ids.clone()
         ids[:, 1 : depth + 1] = ep.input_ids[:, 1 : depth + 1].flip(1)
         return Episode(input_ids=ids, read_positions=ep.read_positions, states=ep.states, depth=ep.depth)
+
+
+class Filler(Task):
+    """The same task with 0..``max_filler`` extra separator tokens between the operations and the queries.
+
+    ``[BOS, op_1, …, op_d, SEP × (1 + f), queries]``, with f drawn uniformly from 0..max_filler once per batch from
+    its own stream (a pure function of (name, depth, seed, step), like the batch itself); the read positions move by
+    f, the answers are unchanged. A training-only option of this framework (``TaskConfig.train_filler``): with it,
+    the distance from the queries to operation k varies, so a model cannot locate operation k by that distance — the
+    prompt-length failure of docs/experiments.md, experiment 5. Requires the shared layout of ``permutations.py``
+    (the separator at position d + 1).
+    """
+
+    def __init__(self, base: Task, max_filler: int):
+        if max_filler < 0:
+            raise ValueError(f"task.train_filler: must be >= 0, got {max_filler}")
+        self.base, self.max_filler = base, int(max_filler)
+        for attr in ("name", "vocab_size", "num_queries", "chance", "full_state_chance", "answer_token_ids"):
+            setattr(self, attr, getattr(base, attr))
+
+    def sample(self, depth: int, n: int, seed: int, step: int = 0) -> Episode:
+        """The base task's batch with f extra separators after position d: input_ids (n, T + f), read_positions
+        shifted by f, the same states."""
+        ep = self.base.sample(depth, n, seed, step)
+        f = int(make_rng(self.name + "/filler", depth, seed, step).integers(0, self.max_filler + 1))
+        if f == 0:
+            return ep
+        sep = ep.input_ids[:, depth + 1 : depth + 2]
+        ids = torch.cat([ep.input_ids[:, : depth + 2], sep.expand(-1, f), ep.input_ids[:, depth + 2 :]], dim=1)
+        return Episode(input_ids=ids, read_positions=ep.read_positions + f, states=ep.states, depth=ep.depth)

@@ -69,7 +69,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         torch.set_num_threads(tc.threads_per_worker)
     log = _Printer() if world.rank == 0 else _Silent()
 
-    task = build_task(cfg.task)
+    task = build_task(cfg.task)  # evaluation prompts
+    train_task = build_task(cfg.task, train=True)  # the same, or with TaskConfig.train_filler separators
     torch.manual_seed(tc.seed)  # identical init on every rank
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=task.vocab_size)
     engine = prepare(model, tc, world)
@@ -87,7 +88,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     for step in range(start, tc.steps):
         if step == tc.fail_at_step and checkpoint is None:
             _kill_rank_zero(engine)  # fault injection, once: the restarted group resumes from a checkpoint
-        res = train_step(engine, task, cfg.task, cfg.recipe, tc.seed, step, tc.batch_size, world.rank, world.size)
+        res = train_step(engine, train_task, cfg.task, cfg.recipe, tc.seed, step, tc.batch_size, world.rank, world.size)
         train_seconds += res.seconds
         window["loss"] += res.loss
         window["seconds"] += res.seconds
