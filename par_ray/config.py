@@ -40,7 +40,7 @@ class TaskConfig:
     train_filler: int = 0
     """Training prompts only: 0..train_filler extra separator tokens (drawn per batch) between the operations and the
     queries, so the distance from the queries to operation k carries no information; test prompts have none. A
-    par_ray option, not the paper's (``par_ray.tasks.common.Filler``; docs/experiments.md, experiment 6)."""
+    par_ray option, not the paper's (``par_ray.tasks.common.Filler``; docs/experiments.md, experiment 7)."""
 
 
 @dataclass(frozen=True)

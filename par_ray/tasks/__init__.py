@@ -30,7 +30,7 @@ def build_task(task_cfg, train: bool = False) -> Task:
         task = RecentFirst(task)
     elif task_cfg.op_order != "forward":
         raise ValueError(f"task.op_order: {task_cfg.op_order!r} is not one of {list(OP_ORDERS)}")
-    if train and getattr(task_cfg, "train_filler", 0):
+    if train and task_cfg.train_filler:
         task = Filler(task, task_cfg.train_filler)
     return task
 

@@ -88,7 +88,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     for step in range(start, tc.steps):
         if step == tc.fail_at_step and checkpoint is None:
             _kill_rank_zero(engine)  # fault injection, once: the restarted group resumes from a checkpoint
-        res = train_step(engine, train_task, cfg.task, cfg.recipe, tc.seed, step, tc.batch_size, world.rank, world.size)
+        res = train_step(engine, train_task, cfg.task, cfg.recipe, tc.seed, step, tc.batch_size, world.rank,
+                         world.size)
         train_seconds += res.seconds
         window["loss"] += res.loss
         window["seconds"] += res.seconds
