@@ -16,11 +16,11 @@ import typing
 from dataclasses import dataclass, field, fields, replace
 
 TASK_NAMES = ("swap_s5", "s5", "a5")
-TARGETS = ("progress", "final")
+TARGETS = ("progress", "final", "done")
 DEPTH_SCHEDULES = ("forced", "hold")
 STRATEGIES = ("ddp", "fsdp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
-POSITION_SCHEMES = ("rope", "none")
+POSITION_SCHEMES = ("rope", "none", "conv")
 OP_ORDERS = ("forward", "recent_first")
 
 
@@ -54,7 +54,18 @@ class BackboneConfig:
     split: tuple[int, int, int] | None = None
     """(prelude, core, coda) layer counts summing to the parent's layer count; ``None`` = thirds."""
     position_scheme: str = "rope"
-    """``rope``: the parent's rotary embedding. ``none``: no positional encoding (NoPE), random-init shapes only."""
+    """``rope``: the parent's rotary embedding. ``none``: no positional encoding (NoPE), random-init shapes only.
+    ``conv``: NoPE plus a causal depthwise state convolution of width 4 in every iteration (``LoopedLM``), random-init
+    shapes only (a par_ray option; docs/experiments.md, experiment 8)."""
+    adapter_alpha: float = 0.0
+    """Adapter init ``W = [α·I | I]``: α = 0 is the paper's ``[0 | I]`` (R = 1 reproduces the parent); α > 0 keeps the
+    input injection e alive from step 0, for random-init parents that have nothing to preserve (Fan et al. 2024;
+    docs/experiments.md, experiment 8). A par_ray option, not the paper's."""
+    attention_window: int = 0
+    """0: full causal attention (the parent's). w > 0: prelude and core layers attend to the last w tokens only (the
+    coda keeps full attention), so each iteration moves information a bounded number of positions and only a
+    length-independent local rule can be learned; random-init shapes (a par_ray option; docs/experiments.md,
+    experiment 8)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,9 @@ class RecipeConfig:
     name: str = "par"
     """Label of the recipe this config came from (a tag for analysis; behaviour comes from the fields below)."""
     targets: str = "progress"
-    """``progress``: iteration k predicts z_min(ck, d) (PAR, Eq. 3). ``final``: every iteration predicts z_d."""
+    """``progress``: iteration k predicts z_min(ck, d) (PAR, Eq. 3). ``final``: every iteration predicts z_d.
+    ``done``: only iterations with c·k >= d are supervised at the queries, on z_d — with ``dense_targets`` the progress
+    alignment lives on the operation tokens, and the queries read the finished state (a par_ray option)."""
     anchoring: bool = True
     """RMS norm anchoring: rescale each token's state to its first-iteration RMS after every iteration (§3.3)."""
     tied: bool = True
@@ -81,6 +94,14 @@ class RecipeConfig:
     """Cap on R during training (the hold schedule's tail, untied copies)."""
     stretch_max: float = 1.0
     """Positional stretch: position ids are multiplied by s ~ U[1, stretch_max] per step (1.0 = off)."""
+    dense_targets: bool = False
+    """Dense progress targets: besides the queries, the readout at operation position j after iteration k is trained
+    on the whole state z_j (one class per state) when j <= c·k, nothing when j > c·k; needs a task with
+    ``num_states`` > 0 and a random-init parent (the classes extend its vocabulary). A par_ray option for
+    from-scratch models, not the paper's (``objectives.dense_progress_loss``; docs/experiments.md, experiment 8)."""
+    extra_iterations: int = 0
+    """Slack loop count under the ``forced`` schedule: R = ceil(d / c) + U{0 .. extra_iterations} per step, iterations
+    past d / c keep z_d; 0 = the paper's R = ceil(d / c) (docs/experiments.md, experiment 8)."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +213,18 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     check(r.grad_window >= 1, "recipe.grad_window", f"must be >= 1, got {r.grad_window}")
     check(r.hold_lambda >= 0, "recipe.hold_lambda", f"must be >= 0, got {r.hold_lambda}")
     check(r.stretch_max >= 1.0, "recipe.stretch_max", f"must be >= 1.0 (1.0 = off), got {r.stretch_max}")
+    check(r.extra_iterations >= 0, "recipe.extra_iterations", f"must be >= 0, got {r.extra_iterations}")
+    check(b.attention_window >= 0, "backbone.attention_window",
+          f"must be >= 0 (0 = full causal attention), got {b.attention_window}")
+    check(b.adapter_alpha >= 0, "backbone.adapter_alpha", f"must be >= 0 (0 = the paper's [0 | I]), got {b.adapter_alpha}")
+    if r.dense_targets:
+        from par_ray.tasks import TASKS  # local: keeps config importable without torch at import time
+
+        check(t.name not in TASKS or TASKS[t.name].num_states > 0, "recipe.dense_targets",
+              f"task {t.name!r} defines no whole-task state; dense targets need one of "
+              f"{[n for n, task in TASKS.items() if task.num_states > 0]}")
+        check(b.pretrained is None, "recipe.dense_targets",
+              "needs a random-init backbone (backbone.pretrained=None): the state classes extend the vocabulary")
     min_r = -(-t.train_depth // max(r.ops_per_iteration, 1))
     check(r.max_iterations >= min_r, "recipe.max_iterations",
           f"must be >= ceil(task.train_depth / recipe.ops_per_iteration) = {min_r}, got {r.max_iterations}")

@@ -8,6 +8,15 @@ Iteration k is supervised on the task state after the first min(c·k, d) operati
 The final-answer baseline supervises every iteration with z_d (the answer after all d operations). Under the hold
 schedule, iterations past d / c keep z_d by the same min(·). Cross-entropy is averaged over batch and queries.
 
+Dense progress targets (a par_ray option for from-scratch models, not the paper's; docs/experiments.md,
+experiment 8): the readout at operation position j after iteration k is also trained on the whole state z_j, one
+class per state appended after the task's vocabulary, for every j <= c·k (positions past the frontier get nothing):
+
+    L_dense = mean over supervised k and j <= min(c·k, d) of  CE( y_k[op_j] , state_class(z_j) )
+
+A frontier that advances c operations per iteration then only needs each operation's left neighbour, a rule that
+does not depend on the prompt length or the iteration count.
+
 Tensor suffixes: K iterations read out, B batch, Q queries, V vocabulary, D depth (number of operations).
 """
 
@@ -22,13 +31,20 @@ import torch.nn.functional as F
 def target_indices(iterations: list[int], depth: int, ops_per_iteration: int, targets: str) -> list[int]:
     """0-based index into ``states`` (B, D, Q) that iteration k is trained on.
 
-    ``progress``: min(c·k, d) - 1 (Eq. 3). ``final``: d - 1 for every k. Raises ``ValueError`` for other ``targets``.
+    ``progress``: min(c·k, d) - 1 (Eq. 3). ``final`` and ``done``: d - 1 for every k (``done`` then supervises only
+    the iterations with c·k >= d, see :func:`supervised`). Raises ``ValueError`` for other ``targets``.
     """
     if targets == "progress":
         return [min(ops_per_iteration * k, depth) - 1 for k in iterations]
-    if targets == "final":
+    if targets in ("final", "done"):
         return [depth - 1 for _ in iterations]
-    raise ValueError(f"recipe.targets: {targets!r} is not one of ['progress', 'final']")
+    raise ValueError(f"recipe.targets: {targets!r} is not one of ['progress', 'final', 'done']")
+
+
+def supervised(iterations: list[int], depth: int, ops_per_iteration: int, targets: str) -> list[bool]:
+    """Which read-out iterations the query loss covers: all of them, except under ``done`` (a par_ray option for
+    dense targets, docs/experiments.md experiment 8), where only iterations that completed the task (c·k >= d) are."""
+    return [targets != "done" or ops_per_iteration * k >= depth for k in iterations]
 
 
 @dataclass
@@ -49,14 +65,49 @@ def par_loss(logits_KBQV: torch.Tensor, iterations: list[int], states_BDQ: torch
         logits_KBQV: readouts of iterations ``iterations`` (1-based), (K, B, Q, V).
         states_BDQ: target token ids after every prefix, (B, D, Q); D is the batch's depth d.
         ops_per_iteration: c.
-        targets: ``progress`` or ``final``.
+        targets: ``progress``, ``final`` or ``done`` (z_d at the iterations with c·k >= d only).
     """
     idx = target_indices(iterations, states_BDQ.shape[1], ops_per_iteration, targets)
     target_KBQ = states_BDQ[:, idx].permute(1, 0, 2)
     ce_KBQ = F.cross_entropy(logits_KBQV.float().flatten(0, 2), target_KBQ.flatten(), reduction="none")
     ce_KBQ = ce_KBQ.view(target_KBQ.shape)
+    on_K = torch.tensor(supervised(iterations, states_BDQ.shape[1], ops_per_iteration, targets),
+                        device=ce_KBQ.device)
     return LossOutput(
-        loss=ce_KBQ.mean(),
+        loss=ce_KBQ[on_K].mean() if on_K.any() else ce_KBQ.sum() * 0.0,
         per_iteration_K=ce_KBQ.detach().mean(dim=(1, 2)),
         correct_KBQ=logits_KBQV.detach().argmax(-1) == target_KBQ,
     )
+
+
+def model_vocab_size(task, recipe_cfg) -> int:
+    """Readout vocabulary of a random-init model for ``task`` under ``recipe_cfg``: the task's tokens, plus one class
+    per whole-task state when ``recipe_cfg.dense_targets`` (state class i is token ``task.vocab_size + i``)."""
+    return task.vocab_size + (task.num_states if recipe_cfg.dense_targets else 0)
+
+
+def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progress_ids_BD: torch.Tensor,
+                        ops_per_iteration: int, class_offset: int) -> LossOutput:
+    """Cross-entropy of the readout at every operation position j behind iteration k's frontier (j <= c·k) against
+    the whole state after operation j (module docstring, L_dense).
+
+    Args:
+        logits_KBDV: readouts at the d operation positions of iterations ``iterations`` (1-based), (K, B, D, V).
+        progress_ids_BD: state class after each prefix, (B, D) in 0..num_states-1 (``Episode.progress_ids``).
+        ops_per_iteration: c.
+        class_offset: token id of state class 0 (the task's vocabulary size).
+    Returns: :class:`LossOutput`; ``per_iteration_K`` and ``correct_KBQ`` (here (K, B, D)) cover supervised
+        positions only (unsupervised positions count as correct).
+    Raises: ValueError if an iteration supervises no position (k < 1).
+    """
+    K, _, D, _ = logits_KBDV.shape
+    frontier_K = torch.tensor([min(ops_per_iteration * k, D) for k in iterations], device=logits_KBDV.device)
+    if (frontier_K < 1).any():
+        raise ValueError(f"iterations: must be >= 1, got {iterations}")
+    mask_KD = torch.arange(1, D + 1, device=logits_KBDV.device)[None] <= frontier_K[:, None]
+    target_KBD = (progress_ids_BD + class_offset)[None].expand(K, -1, -1)
+    ce_KBD = F.cross_entropy(logits_KBDV.float().flatten(0, 2), target_KBD.flatten(), reduction="none")
+    ce_KBD = ce_KBD.view(target_KBD.shape) * mask_KD[:, None]
+    per_k_K = ce_KBD.sum(dim=(1, 2)) / (mask_KD.sum(-1) * target_KBD.shape[1])
+    right_KBD = (logits_KBDV.detach().argmax(-1) == target_KBD) | ~mask_KD[:, None]
+    return LossOutput(loss=per_k_K.mean(), per_iteration_K=per_k_K.detach(), correct_KBQ=right_KBD)

@@ -3,7 +3,8 @@
 Every draw is a pure function of (seed, step): all ranks agree (lockstep) without communication, and a resumed run
 replays exactly the schedule it would have seen. Streams are separated with ``numpy.random.SeedSequence``.
 
-- forced depth (paper §3.2): d ~ U{min_depth .. d_train}, R = ceil(d / c).
+- forced depth (paper §3.2): d ~ U{min_depth .. d_train}, R = ceil(d / c) (+ U{0 .. m} slack iterations with
+  ``recipe.extra_iterations = m``, a par_ray option: iterations past d / c keep z_d).
 - hold: d as above, R = 1 + Poisson(λ) capped at ``max_iterations``; iterations past d / c keep z_d (the objective's
   min(c·k, d) does this).
 - positional stretch (§3.4): s ~ U[1, s_max] per step (s_max = 1 disables it).
@@ -43,6 +44,8 @@ def plan_step(task_cfg, recipe_cfg, seed: int, step: int) -> StepPlan:
     depth = int(rng.integers(task_cfg.min_train_depth, task_cfg.train_depth + 1))
     if recipe_cfg.depth_schedule == "forced":
         R = math.ceil(depth / recipe_cfg.ops_per_iteration)
+        if recipe_cfg.extra_iterations:  # drawn only when on, so the paper's schedule keeps its random stream
+            R += int(rng.integers(0, recipe_cfg.extra_iterations + 1))
     elif recipe_cfg.depth_schedule == "hold":
         R = 1 + int(rng.poisson(recipe_cfg.hold_lambda))
     else:

@@ -4,7 +4,12 @@
 
 Reads ``RUN/result.json`` (the resolved config) and ``RUN/final/state.pt`` written by ``python -m par_ray.train``.
 Shows where a learned solution stops: the depth curve (does accuracy decay smoothly or fall off a cliff right past
-d_train?) and, at a fixed depth, whether iteration k really holds z_k (the progress-aligned target).
+d_train?) and, at a fixed depth, whether iteration k really holds z_k (the progress-aligned target). The diagnosis
+line separates the two failures of docs/experiments.md, experiment 5: *prompt length* (the trained iterations
+k <= d_train / c already fail on the longer prompt) and *iteration count* (they hold, iterations past them do not).
+For models trained with dense progress targets it also reports the frontier after each iteration (the longest
+prefix of operation positions whose whole state is read right in >= 90 % of sequences) and its speed in operations
+per iteration (least-squares slope while the frontier is inside the prompt).
 """
 
 import argparse
@@ -15,6 +20,7 @@ import torch
 
 from par_ray.config import from_flat
 from par_ray.model.looped import build_looped
+from par_ray.objectives import model_vocab_size
 from par_ray.tasks import build_task
 
 
@@ -27,7 +33,7 @@ def main() -> None:
     args = p.parse_args()
     cfg = from_flat(json.load(open(os.path.join(args.run, "result.json")))["config"])
     task = build_task(cfg.task)
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=task.vocab_size)
+    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=model_vocab_size(task, cfg.recipe))
     model.load_state_dict(torch.load(os.path.join(args.run, "final", "state.pt"), weights_only=True)["model"])
     model.eval()
     c = cfg.recipe.ops_per_iteration
@@ -48,6 +54,66 @@ def main() -> None:
         print("k:        " + " ".join(f"{k:>4}" for k in out.iterations))
         print("accuracy: " + " ".join(f"{a:4.2f}" for a in hits))
         print("state rms:" + " ".join(f"{r:4.2f}" for r in out.state_rms_R.tolist()))
+        if cfg.recipe.targets == "progress":  # elsewhere the queries are not trained on z_k before the end
+            print(diagnosis(hits, cfg.task.train_depth, c))
+        if cfg.recipe.dense_targets:
+            frontier = frontier_by_iteration(model, ep, -(-d // c), task.vocab_size)
+            print(f"\nat depth {d}: frontier (operations whose state is right in >= 90 % of sequences) per iteration")
+            print("k:        " + " ".join(f"{k:>4}" for k in range(1, len(frontier) + 1)))
+            print("frontier: " + " ".join(f"{f:>4}" for f in frontier))
+            print(f"frontier speed: {frontier_speed(frontier, d):.2f} operations per iteration (c = {c})")
+            print(frontier_diagnosis(frontier, cfg.task.train_depth, c, d))
+
+
+def diagnosis(hits: list[float], train_depth: int, c: int, ok: float = 0.9) -> str:
+    """One line naming the failure: accuracy of iterations k <= ceil(d_train / c) vs the ones past them."""
+    n_trained = -(-train_depth // c)
+    trained, beyond = hits[:n_trained], hits[n_trained:]
+    msg = f"diagnosis: iterations 1..{n_trained} (trained counts) mean {sum(trained) / len(trained):.2f}"
+    if beyond:
+        msg += f"; iterations {n_trained + 1}..{len(hits)} mean {sum(beyond) / len(beyond):.2f}"
+    if min(trained) < ok:
+        return msg + " -> prompt-length failure (the trained iterations already fail on this longer prompt)"
+    if beyond and min(beyond) < ok:
+        return msg + " -> iteration-count failure (trained iterations hold, later ones do not)"
+    return msg + " -> no failure at this depth"
+
+
+def frontier_diagnosis(frontier: list[int], train_depth: int, c: int, depth: int) -> str:
+    """One line naming the failure from the frontier: behind already within the trained iteration counts (prompt
+    length), or on time there but stalling afterwards (iteration count)."""
+    n_trained = -(-train_depth // c)
+    at_trained = frontier[min(n_trained, len(frontier)) - 1]
+    msg = f"diagnosis: frontier {at_trained} after iteration {n_trained}, {frontier[-1]} of {depth} at the end"
+    if at_trained < min(c * n_trained, depth):
+        return msg + " -> prompt-length failure (behind within the trained iteration counts)"
+    if frontier[-1] < depth:
+        return msg + " -> iteration-count failure (on time while k <= d_train / c, stalls after)"
+    return msg + " -> no failure at this depth"
+
+
+@torch.no_grad()
+def frontier_by_iteration(model, ep, R: int, class_offset: int, ok: float = 0.9) -> list[int]:
+    """Frontier after each iteration 1..R: the longest j such that operation positions 1..j all read the right
+    whole state (``Episode.progress_ids``) in >= ``ok`` of the sequences."""
+    out = model.iterate(ep.input_ids, ep.op_positions, R, read="all")
+    acc_KD = (out.logits_KBQV.argmax(-1) == (ep.progress_ids + class_offset)).float().mean(1)
+    frontier = []
+    for row in acc_KD:
+        bad = torch.nonzero(row < ok)
+        frontier.append(int(bad[0]) if len(bad) else row.numel())
+    return frontier
+
+
+def frontier_speed(frontier: list[int], depth: int) -> float:
+    """Least-squares slope of the frontier against the iteration while it is inside the prompt (0 < f < d)."""
+    pts = [(k, f) for k, f in enumerate(frontier, start=1) if 0 < f < depth]
+    if len(pts) < 2:
+        return float("nan")
+    mk = sum(k for k, _ in pts) / len(pts)
+    mf = sum(f for _, f in pts) / len(pts)
+    var = sum((k - mk) ** 2 for k, _ in pts)
+    return sum((k - mk) * (f - mf) for k, f in pts) / var if var else float("nan")
 
 
 if __name__ == "__main__":

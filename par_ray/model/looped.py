@@ -5,6 +5,7 @@ Progress-Aligned Recurrence (PAR), paper §3:
     e    = prelude(x)                                  run once
     s_0  = e
     s_k  = core(W · [e ; s_{k-1}])          k = 1..R    W ∈ R^{h×2h}, initialised W = [0 | I]  (Eq. 1)
+           (+ conv(s_{k-1}), a causal depthwise convolution of width 4, with ``position_scheme="conv"``)
     s_k ← s_k · rms(s_1).detach() / rms(s_k)            RMS norm anchoring, per token            (§3.3)
     y_k  = lm_head(norm(coda(s_k)))[read positions]     readout after any iteration k
 
@@ -28,6 +29,11 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from par_ray.model.backbones import causal_mask, run_decoder_layer
+
+
+POSITION_SCHEMES = ("rope", "none", "conv")
+CONV_WIDTH = 4
+"""Width of the causal state convolution of ``position_scheme="conv"`` (FPRM's kernel size)."""
 
 
 def default_split(num_layers: int) -> tuple[int, int, int]:
@@ -73,7 +79,16 @@ class LoopedLM(nn.Module):
         tied: share one core across iterations (PAR). ``False`` builds ``untied_copies`` independent copies of the
             core, initialised from the parent's (the deeper-model baseline); iteration k uses copy min(k, copies).
         untied_copies: number of core copies when ``tied=False`` (usually the train depth).
-        position_scheme: ``rope`` (the parent's rotary embedding) or ``none`` (no positional encoding).
+        position_scheme: ``rope`` (the parent's rotary embedding), ``none`` (no positional encoding, NoPE) or ``conv``
+            (NoPE attention plus a causal depthwise convolution of width :data:`CONV_WIDTH` over the state, added to
+            the adapter's output every iteration: each token reads its 3 left neighbours' states at fixed offsets,
+            whatever the prompt length — FPRM, arXiv 2606.18206; a par_ray option for random-init parents).
+        adapter_alpha: α of the adapter init ``W = [α·I | I]``; 0 (the paper's) makes R = 1 the parent exactly.
+        attention_window: 0 = full causal attention (the parent's). w > 0: prelude and core layers attend to the
+            last w tokens only (itself included), so one iteration moves information at most (w - 1) × core layers
+            positions and tokens far from the start cannot see it: a length-independent local rule is what is left
+            to learn. The coda keeps full causal attention (it only reads out). A par_ray option for random-init
+            parents (docs/experiments.md, experiment 8).
     Raises:
         ValueError: a split that does not match the parent's layer count, an unknown position scheme.
     """
@@ -86,10 +101,12 @@ class LoopedLM(nn.Module):
         tied: bool = True,
         untied_copies: int = 8,
         position_scheme: str = "rope",
+        adapter_alpha: float = 0.0,
+        attention_window: int = 0,
     ):
         super().__init__()
-        if position_scheme not in ("rope", "none"):
-            raise ValueError(f"backbone.position_scheme: {position_scheme!r} is not one of ['rope', 'none']")
+        if position_scheme not in POSITION_SCHEMES:
+            raise ValueError(f"backbone.position_scheme: {position_scheme!r} is not one of {list(POSITION_SCHEMES)}")
         base = parent.model
         layers = list(base.layers)
         n_pre, n_core, _ = validate_split(split, len(layers)) if split is not None else default_split(len(layers))
@@ -97,6 +114,9 @@ class LoopedLM(nn.Module):
         self.split = (n_pre, n_core, len(layers) - n_pre - n_core)
         self.anchoring = anchoring
         self.position_scheme = position_scheme
+        if attention_window < 0:
+            raise ValueError(f"backbone.attention_window: must be >= 0 (0 = full causal), got {attention_window}")
+        self.attention_window = attention_window
         hidden = parent.config.hidden_size
 
         self.embed_tokens = base.embed_tokens
@@ -111,11 +131,19 @@ class LoopedLM(nn.Module):
             [copy.deepcopy(self.core) for _ in range(untied_copies - 1)] if not tied else []
         )
         # Adapter W·[e; s] with W = [0 | I]: the first iteration sees s_0 = e, i.e. exactly the parent's input.
+        # W = [α·I | I] (α > 0) re-injects e from the start, for random-init parents.
         self.adapter = nn.Linear(2 * hidden, hidden, bias=False, dtype=parent.dtype,
                                  device=parent.lm_head.weight.device)
         with torch.no_grad():
             self.adapter.weight.zero_()
             self.adapter.weight[:, hidden:].copy_(torch.eye(hidden))
+            self.adapter.weight[:, :hidden].copy_(adapter_alpha * torch.eye(hidden))
+
+        # Causal depthwise convolution over the state (position_scheme="conv"): left-padded so token t sees t-3..t.
+        self.state_conv = (
+            nn.Conv1d(hidden, hidden, CONV_WIDTH, groups=hidden, bias=False, dtype=parent.dtype,
+                      device=parent.lm_head.weight.device) if position_scheme == "conv" else None
+        )
 
     @property
     def tied(self) -> bool:
@@ -126,7 +154,7 @@ class LoopedLM(nn.Module):
         """Rotary (cos, sin) for position ids × ``stretch`` and the causal mask; shared by all three stages."""
         T = x_BTH.shape[1]
         position_ids = (torch.arange(T, device=x_BTH.device, dtype=torch.float32) * stretch)[None]
-        if self.position_scheme == "none":
+        if self.position_scheme in ("none", "conv"):
             head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
             cos = torch.ones(1, T, head_dim, device=x_BTH.device, dtype=x_BTH.dtype)
             pos = (cos, torch.zeros_like(cos))
@@ -134,11 +162,30 @@ class LoopedLM(nn.Module):
             pos = self.rotary_emb(x_BTH, position_ids)
         return pos, causal_mask(self.config, x_BTH)
 
+    def _local(self, mask, x_BTH: torch.Tensor):
+        """The causal ``mask`` narrowed to the last ``attention_window`` tokens (prelude and core only; the coda, a
+        read-out, keeps the parent's mask so the queries can reach the last operation at any distance)."""
+        if not self.attention_window:
+            return mask
+        T = x_BTH.shape[1]
+        i_T = torch.arange(T, device=x_BTH.device)
+        far_TT = (i_T[:, None] - i_T[None, :]) >= self.attention_window
+        if mask is None:  # an implementation that relies on is_causal: spell the banded causal mask out (True = see)
+            return ((i_T[:, None] >= i_T[None, :]) & ~far_TT)[None, None].expand(x_BTH.shape[0], 1, T, T)
+        if mask.dtype == torch.bool:
+            return mask & ~far_TT
+        return mask.masked_fill(far_TT, torch.finfo(mask.dtype).min)
+
     @staticmethod
     def _stack(layers: nn.ModuleList, x_BTH, pos, mask) -> torch.Tensor:
         for layer in layers:
             x_BTH = run_decoder_layer(layer, x_BTH, pos, mask)
         return x_BTH
+
+    def _conv(self, s_BTH: torch.Tensor) -> torch.Tensor:
+        """Causal depthwise convolution over the token axis: (B, T, H) -> (B, T, H), token t mixes t-3..t."""
+        x_BHT = nn.functional.pad(s_BTH.transpose(1, 2), (CONV_WIDTH - 1, 0))
+        return self.state_conv(x_BHT).transpose(1, 2)
 
     def _core_for(self, k: int) -> nn.ModuleList:
         """Core layers used by iteration k (1-based): the shared core, or untied copy min(k, copies)."""
@@ -189,7 +236,8 @@ class LoopedLM(nn.Module):
 
         x_BTH = self.embed_tokens(input_ids_BT)
         pos, mask = self._positions(x_BTH, stretch)
-        e_BTH = self._stack(self.prelude, x_BTH, pos, mask)
+        local = self._local(mask, x_BTH)
+        e_BTH = self._stack(self.prelude, x_BTH, pos, local)
         s_BTH = e_BTH
         ref_rms_BT1 = None
         logits, rms = [], []
@@ -197,7 +245,9 @@ class LoopedLM(nn.Module):
             grad_ctx = contextlib.nullcontext() if k >= first_grad else torch.no_grad()
             with grad_ctx:
                 u_BTH = self.adapter(torch.cat([e_BTH, s_BTH], dim=-1))
-                s_BTH = self._stack(self._core_for(k), u_BTH, pos, mask)
+                if self.state_conv is not None:
+                    u_BTH = u_BTH + self._conv(s_BTH)
+                s_BTH = self._stack(self._core_for(k), u_BTH, pos, local)
                 if k == 1:
                     ref_rms_BT1 = token_rms(s_BTH).detach()  # stop-gradient on the anchoring reference
                 elif self.anchoring:
@@ -224,4 +274,5 @@ def build_looped(backbone_cfg, recipe_cfg, vocab_size: int | None = None, dtype:
     overrides = {} if backbone_cfg.pretrained or vocab_size is None else {"vocab_size": vocab_size}
     parent = backbones.load(backbone_cfg.name, backbone_cfg.pretrained, dtype=dtype, device=device, **overrides)
     return LoopedLM(parent, split=backbone_cfg.split, anchoring=recipe_cfg.anchoring, tied=recipe_cfg.tied,
-                    untied_copies=recipe_cfg.max_iterations, position_scheme=backbone_cfg.position_scheme)
+                    untied_copies=recipe_cfg.max_iterations, position_scheme=backbone_cfg.position_scheme,
+                    adapter_alpha=backbone_cfg.adapter_alpha, attention_window=backbone_cfg.attention_window)

@@ -35,6 +35,13 @@ class Episode:
     """(B, d, Q) int64 answer token ids after every prefix of operations."""
     depth: int
     """d, the number of operations in the prompt."""
+    op_positions: torch.Tensor | None = None
+    """(d,) int64 position of operation k (k = 1..d) in the sequence, the same for every row; ``None`` for tasks
+    without one token per operation. Where the dense progress targets are read (``RecipeConfig.dense_targets``)."""
+    progress_ids: torch.Tensor | None = None
+    """(B, d) int64 the *whole* task state after each prefix of operations as one class in 0..``Task.num_states``-1
+    (for permutation tasks: the index of the permutation), ``None`` where the task defines no such state. The
+    dense progress target of operation position k (``par_ray.objectives.dense_progress_loss``)."""
 
 
 def stable_hash(text: str) -> int:
@@ -70,6 +77,9 @@ class Task:
     """Probability of getting all Q answers right by guessing a valid state."""
     answer_token_ids: tuple[int, ...]
     """Token ids that can be answers."""
+    num_states: int = 0
+    """Number of whole-task states that ``Episode.progress_ids`` indexes (0: the task defines none, so dense progress
+    targets are unavailable)."""
 
     def sample(self, depth: int, n: int, seed: int, step: int = 0) -> Episode:
         """Draw ``n`` sequences of ``depth`` operations; a pure function of (name, depth, n, seed, step).
@@ -107,7 +117,7 @@ class RecentFirst(Task):
 
     def __init__(self, base: Task):
         self.base = base
-        for attr in ("vocab_size", "num_queries", "chance", "full_state_chance", "answer_token_ids"):
+        for attr in ("vocab_size", "num_queries", "chance", "full_state_chance", "answer_token_ids", "num_states"):
             setattr(self, attr, getattr(base, attr))
         self.name = base.name
 
@@ -116,7 +126,9 @@ class RecentFirst(Task):
         ep = self.base.sample(depth, n, seed, step)
         ids = ep.input_ids.clone()
         ids[:, 1 : depth + 1] = ep.input_ids[:, 1 : depth + 1].flip(1)
-        return Episode(input_ids=ids, read_positions=ep.read_positions, states=ep.states, depth=ep.depth)
+        op_positions = None if ep.op_positions is None else ep.op_positions.flip(0)  # op_k now sits at d + 1 - k
+        return Episode(input_ids=ids, read_positions=ep.read_positions, states=ep.states, depth=ep.depth,
+                       op_positions=op_positions, progress_ids=ep.progress_ids)
 
 
 class Filler(Task):
@@ -134,7 +146,8 @@ class Filler(Task):
         if max_filler < 0:
             raise ValueError(f"task.train_filler: must be >= 0, got {max_filler}")
         self.base, self.max_filler = base, int(max_filler)
-        for attr in ("name", "vocab_size", "num_queries", "chance", "full_state_chance", "answer_token_ids"):
+        for attr in ("name", "vocab_size", "num_queries", "chance", "full_state_chance", "answer_token_ids",
+                     "num_states"):
             setattr(self, attr, getattr(base, attr))
 
     def sample(self, depth: int, n: int, seed: int, step: int = 0) -> Episode:
@@ -146,4 +159,5 @@ class Filler(Task):
             return ep
         sep = ep.input_ids[:, depth + 1 : depth + 2]
         ids = torch.cat([ep.input_ids[:, : depth + 2], sep.expand(-1, f), ep.input_ids[:, depth + 2 :]], dim=1)
-        return Episode(input_ids=ids, read_positions=ep.read_positions + f, states=ep.states, depth=ep.depth)
+        return Episode(input_ids=ids, read_positions=ep.read_positions + f, states=ep.states, depth=ep.depth,
+                       op_positions=ep.op_positions, progress_ids=ep.progress_ids)

@@ -84,6 +84,7 @@ class PermutationTask(Task):
         self.answer_token_ids = tuple(range(OBJ_BASE, OBJ_BASE + NUM_OBJECTS))
         self.chance = 1.0 / NUM_OBJECTS
         self.full_state_chance = full_state_chance
+        self.num_states = len(ALL_PERMUTATIONS)  # progress_ids: index into ALL_PERMUTATIONS
 
         perms_PO = np.array(ALL_PERMUTATIONS, dtype=np.int64)
         moves_MO = np.array(self.moves, dtype=np.int64)
@@ -119,6 +120,8 @@ class PermutationTask(Task):
             read_positions=torch.arange(depth + 2, depth + 2 + q, dtype=torch.int64),
             states=torch.from_numpy(states_BdQ),
             depth=depth,
+            op_positions=torch.arange(1, depth + 1, dtype=torch.int64),
+            progress_ids=torch.from_numpy(np.ascontiguousarray(state_dB.T)),
         )
 
 

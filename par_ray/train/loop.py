@@ -22,6 +22,7 @@ import torch
 from par_ray.config import TrialConfig
 from par_ray.evaluation import accuracy_by_depth, extrapolation
 from par_ray.model.looped import build_looped
+from par_ray.objectives import model_vocab_size
 from par_ray.tasks import build_task
 from par_ray.train.step import train_step
 from par_ray.train.strategies import World, prepare
@@ -72,7 +73,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     task = build_task(cfg.task)  # evaluation prompts
     train_task = build_task(cfg.task, train=True)  # the same, or with TaskConfig.train_filler separators
     torch.manual_seed(tc.seed)  # identical init on every rank
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=task.vocab_size)
+    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=model_vocab_size(task, cfg.recipe))
     engine = prepare(model, tc, world)
 
     start, train_seconds = 0, 0.0

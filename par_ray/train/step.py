@@ -1,8 +1,9 @@
 """The PAR training step, shared by every way of running a trial (single process, Ray Train, any strategy).
 
 One step: sample the step's episode batch (d, R, s from :func:`par_ray.schedules.plan_step`), run the looped model
-with the gradient window, apply the PAR (or final-answer) loss to every iteration in the window, backward, and
-let the strategy's engine step the optimizer.
+with the gradient window, apply the PAR (or final-answer) loss to every iteration in the window (plus the dense
+progress loss at the operation positions when ``recipe.dense_targets``), backward, and let the strategy's engine
+step the optimizer.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from par_ray.objectives import par_loss
+from par_ray.objectives import dense_progress_loss, par_loss
 from par_ray.schedules import StepPlan, plan_step
 
 
@@ -48,14 +49,24 @@ def train_step(engine, task, task_cfg, recipe_cfg, seed: int, step: int, global_
     ids_BT = ep.input_ids[rank::world_size].to(device)
     states_BDQ = ep.states[rank::world_size].to(device)
     reads_Q = ep.read_positions.to(device)
+    Q = reads_Q.shape[0]
+    if recipe_cfg.dense_targets:  # one readout over the operation positions and the queries
+        reads_Q = torch.cat([reads_Q, ep.op_positions.to(device)])
     with engine.autocast():
         out = engine.model(ids_BT, reads_Q, plan.R, recipe_cfg.grad_window, plan.stretch, "window")
-        lo = par_loss(out.logits_KBQV, out.iterations, states_BDQ, recipe_cfg.ops_per_iteration, recipe_cfg.targets)
-    engine.backward(lo.loss)
+        lo = par_loss(out.logits_KBQV[:, :, :Q], out.iterations, states_BDQ, recipe_cfg.ops_per_iteration,
+                      recipe_cfg.targets)
+        loss = lo.loss
+        if recipe_cfg.dense_targets:
+            dense = dense_progress_loss(out.logits_KBQV[:, :, Q:], out.iterations,
+                                        ep.progress_ids[rank::world_size].to(device), recipe_cfg.ops_per_iteration,
+                                        task.vocab_size)
+            loss = loss + dense.loss
+    engine.backward(loss)
     grad_norm = engine.step()
     return StepResult(
         plan=plan,
-        loss=lo.loss.item(),
+        loss=loss.item(),
         per_iteration=lo.per_iteration_K.tolist(),
         iterations=out.iterations,
         accuracy=lo.correct_KBQ[-1].all(-1).float().mean().item(),
