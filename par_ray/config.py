@@ -99,6 +99,10 @@ class RecipeConfig:
     on the whole state z_j (one class per state) when j <= c·k, nothing when j > c·k; needs a task with
     ``num_states`` > 0 and a random-init parent (the classes extend its vocabulary). A par_ray option for
     from-scratch models, not the paper's (``objectives.dense_progress_loss``; docs/experiments.md, experiment 8)."""
+    dense_pending: bool = False
+    """With ``dense_targets``: operation positions past the frontier (j > c·k) are trained on one extra "pending"
+    class instead of left unsupervised, so every token's state is defined at every iteration and a waiting token must
+    stay waiting however many iterations pass (a par_ray option; docs/experiments.md, experiment 8)."""
     extra_iterations: int = 0
     """Slack loop count under the ``forced`` schedule: R = ceil(d / c) + U{0 .. extra_iterations} per step, iterations
     past d / c keep z_d; 0 = the paper's R = ceil(d / c) (docs/experiments.md, experiment 8)."""
@@ -217,6 +221,7 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     check(b.attention_window >= 0, "backbone.attention_window",
           f"must be >= 0 (0 = full causal attention), got {b.attention_window}")
     check(b.adapter_alpha >= 0, "backbone.adapter_alpha", f"must be >= 0 (0 = the paper's [0 | I]), got {b.adapter_alpha}")
+    check(r.dense_targets or not r.dense_pending, "recipe.dense_pending", "needs recipe.dense_targets=true")
     if r.dense_targets:
         from par_ray.tasks import TASKS  # local: keeps config importable without torch at import time
 

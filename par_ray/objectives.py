@@ -10,7 +10,8 @@ schedule, iterations past d / c keep z_d by the same min(·). Cross-entropy is a
 
 Dense progress targets (a par_ray option for from-scratch models, not the paper's; docs/experiments.md,
 experiment 8): the readout at operation position j after iteration k is also trained on the whole state z_j, one
-class per state appended after the task's vocabulary, for every j <= c·k (positions past the frontier get nothing):
+class per state appended after the task's vocabulary, for every j <= c·k (positions past the frontier get nothing,
+or, with ``recipe.dense_pending``, one more "pending" class after the state classes):
 
     L_dense = mean over supervised k and j <= min(c·k, d) of  CE( y_k[op_j] , state_class(z_j) )
 
@@ -83,11 +84,11 @@ def par_loss(logits_KBQV: torch.Tensor, iterations: list[int], states_BDQ: torch
 def model_vocab_size(task, recipe_cfg) -> int:
     """Readout vocabulary of a random-init model for ``task`` under ``recipe_cfg``: the task's tokens, plus one class
     per whole-task state when ``recipe_cfg.dense_targets`` (state class i is token ``task.vocab_size + i``)."""
-    return task.vocab_size + (task.num_states if recipe_cfg.dense_targets else 0)
+    return task.vocab_size + (task.num_states + int(recipe_cfg.dense_pending) if recipe_cfg.dense_targets else 0)
 
 
 def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progress_ids_BD: torch.Tensor,
-                        ops_per_iteration: int, class_offset: int) -> LossOutput:
+                        ops_per_iteration: int, class_offset: int, pending_id: int | None = None) -> LossOutput:
     """Cross-entropy of the readout at every operation position j behind iteration k's frontier (j <= c·k) against
     the whole state after operation j (module docstring, L_dense).
 
@@ -96,6 +97,8 @@ def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progre
         progress_ids_BD: state class after each prefix, (B, D) in 0..num_states-1 (``Episode.progress_ids``).
         ops_per_iteration: c.
         class_offset: token id of state class 0 (the task's vocabulary size).
+        pending_id: ``None``: positions past the frontier are not supervised. Otherwise the token id they are trained
+            on (the "pending" class, ``recipe.dense_pending``).
     Returns: :class:`LossOutput`; ``per_iteration_K`` and ``correct_KBQ`` (here (K, B, D)) cover supervised
         positions only (unsupervised positions count as correct).
     Raises: ValueError if an iteration supervises no position (k < 1).
@@ -106,6 +109,9 @@ def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progre
         raise ValueError(f"iterations: must be >= 1, got {iterations}")
     mask_KD = torch.arange(1, D + 1, device=logits_KBDV.device)[None] <= frontier_K[:, None]
     target_KBD = (progress_ids_BD + class_offset)[None].expand(K, -1, -1)
+    if pending_id is not None:
+        target_KBD = torch.where(mask_KD[:, None], target_KBD, torch.full_like(target_KBD, pending_id))
+        mask_KD = torch.ones_like(mask_KD)
     ce_KBD = F.cross_entropy(logits_KBDV.float().flatten(0, 2), target_KBD.flatten(), reduction="none")
     ce_KBD = ce_KBD.view(target_KBD.shape) * mask_KD[:, None]
     per_k_K = ce_KBD.sum(dim=(1, 2)) / (mask_KD.sum(-1) * target_KBD.shape[1])

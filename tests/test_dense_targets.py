@@ -171,3 +171,23 @@ def test_attention_window_limits_how_far_one_iteration_moves_information():
                        full._positions(full.embed_tokens(ids), 1.0)[1])  # window 0: the parent's mask, untouched
     with pytest.raises(ValueError, match="backbone.attention_window"):
         TrialConfig(backbone=BackboneConfig(attention_window=-1)).validate()
+
+
+def test_pending_class_supervises_every_position_past_the_frontier():
+    torch.manual_seed(0)
+    K, B, D, V, offset = 2, 3, 4, 140, 10
+    pending = offset + 120
+    logits = torch.randn(K, B, D, V, requires_grad=True)
+    ids = torch.randint(0, 120, (B, D))
+    out = dense_progress_loss(logits, [1, 3], ids, ops_per_iteration=1, class_offset=offset, pending_id=pending)
+    target = torch.stack([ids + offset, ids + offset])
+    target[0, :, 1:] = pending  # iteration 1: operation 1 done, 2..4 pending
+    target[1, :, 3:] = pending  # iteration 3: operations 1..3 done, 4 pending
+    manual = torch.stack([F.cross_entropy(logits[k].reshape(-1, V), target[k].reshape(-1)) for k in range(K)])
+    assert torch.allclose(out.per_iteration_K, manual.detach())
+    out.loss.backward()
+    assert (logits.grad.abs().sum(-1) > 0).all()  # every position of every iteration is trained
+    recipe = RecipeConfig(dense_targets=True, dense_pending=True)
+    assert model_vocab_size(get_task("swap_s5"), recipe) == get_task("swap_s5").vocab_size + 121
+    with pytest.raises(ValueError, match="recipe.dense_pending"):
+        TrialConfig(recipe=RecipeConfig(dense_pending=True)).validate()

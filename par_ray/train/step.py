@@ -60,7 +60,8 @@ def train_step(engine, task, task_cfg, recipe_cfg, seed: int, step: int, global_
         if recipe_cfg.dense_targets:
             dense = dense_progress_loss(out.logits_KBQV[:, :, Q:], out.iterations,
                                         ep.progress_ids[rank::world_size].to(device), recipe_cfg.ops_per_iteration,
-                                        task.vocab_size)
+                                        task.vocab_size,
+                                        task.vocab_size + task.num_states if recipe_cfg.dense_pending else None)
             loss = loss + dense.loss
     engine.backward(loss)
     grad_norm = engine.step()
