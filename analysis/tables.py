@@ -250,8 +250,8 @@ def halting_results(summary: Summary) -> Table | None:
     )
     rows = ordered(rows, ["task", "recipe", "backbone"], then=("config", "depth"))
     label_cols = _label_columns(rows, ["task", "recipe", "backbone", "config"])
-    frame = _show_config(rows).select(*label_cols, "test depth", "halting (%)", "oracle (%)", "oracle − halting (pts)",
-                        "iterations").fill_null(MISSING)
+    frame = _show_config(rows).select(*label_cols, "test depth", "halting (%)", "oracle (%)",
+                                      "oracle − halting (pts)", "iterations").fill_null(MISSING)
     note = ("Halting: stop by the halting rule; oracle: best iteration; gap in accuracy points; iterations: mean "
             "iterations run under the halting rule. Mean ± std (n) over seeds.")
     return Table("halting", f"Halting vs oracle stopping{_task_title(rows)}", frame, (note, *_exclusion_note(summary)))

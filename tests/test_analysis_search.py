@@ -1,7 +1,7 @@
 """analysis/ after a hyperparameter search: trials of different sampled configurations are never pooled as seeds.
 
-Records are built by hand (no MLflow): one search on swap_s5 × tiny-qwen2 × par_hold (chance 1/120, midpoint ≈ 0.504,
-d_train 8, test depths 8–64) with three sampled configurations — A (lr 1e-3, window 4; seeds 0, 1), B (lr 3e-4,
+Records are built by hand (no MLflow): one search on swap_s5 × tiny-qwen2 × par_hold (chance 1/120, midpoint
+≈ 0.504, d_train 8, test depths 8–64) with three sampled configurations — A (lr 1e-3, window 4; seeds 0, 1), B (lr 3e-4,
 window 8; seed 0), C (lr 0.000423817, window 4; seeds 0, 1) — every trial at seed 0 or 1 as an Optuna search with
 seeds would give. Expected numbers are computed by hand.
 """

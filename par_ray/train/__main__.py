@@ -40,8 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     # one "error: <field>: ..." line, like every other bad value.
     p = argparse.ArgumentParser(
         prog="python -m par_ray.train",
-        description="Train one PAR trial (in this process with --workers 1, else on Ray Train workers), print progress, "
-                    "the accuracy-by-depth table and G, and write OUT/result.json.",
+        description="Train one PAR trial (in this process with --workers 1, else on Ray Train workers), print "
+                    "progress, the accuracy-by-depth table and G, and write OUT/result.json.",
         epilog="Flags left out take the CPU preset (par_ray/presets.py); any other config field: --set. Example: "
                "python -m par_ray.train --backbone tiny-qwen2 --task swap_s5 --recipe par --train-depth 8 "
                "--steps 4000 --eval-depths 8,16,32,64 --seed 0 --out runs/par-s0")
