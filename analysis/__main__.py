@@ -14,7 +14,13 @@ from analysis.report import analyze
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.split("\n\n")[1].strip())
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Analyse a par_ray sweep from its MLflow runs: accuracy by test depth, d50 and G over\n"
+                    "the seeds of each configuration, written to --out as paper-layout tables (Markdown,\n"
+                    "CSV, LaTeX) and PNG figures, and logged to the sweep's parent run under analysis/.",
+        epilog="example:\n  python -m analysis --experiment par_ray/backbone_scaling \\\n"
+               "      --tracking-uri sqlite:///runs/backbone_scaling/mlflow.db --out runs/backbone_scaling/analysis")
     parser.add_argument("--experiment", required=True, help="MLflow experiment name, e.g. par_ray/ablations")
     parser.add_argument("--parent-run", default=None,
                         help="sweep (parent) run id; default: every trial of the experiment, logged to its newest "

@@ -1,6 +1,8 @@
 """Seed aggregates of a sweep: accuracy by depth, d50 and G per seed, G per configuration, halting vs oracle.
 
-A configuration is one (task, backbone, recipe); its seeds are its FINISHED trials. Everything here is computed on
+A configuration is one (task, backbone, recipe, config), ``config`` being the params that vary between trials of one
+(task, backbone, recipe) besides the seed (``analysis.load.config_labels``: empty for a grid sweep, the sampled knobs
+for a search); its seeds are its FINISHED trials. Everything here is computed on
 FINISHED trials only; the other trials (FAILED, RUNNING, KILLED) stay in the input frames and are counted in
 ``Summary.excluded`` and in the ``n_excluded`` column of ``Summary.G``.
 
@@ -33,6 +35,12 @@ from analysis.load import TRIAL_KEYS, SweepFrames
 GROUP = list(TRIAL_KEYS)
 FINISHED = pl.col("status") == "FINISHED"
 
+
+def with_config(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with a ``config`` column (``""``: one configuration per (task, backbone, recipe)) when it has none,
+    e.g. frames built by hand without :func:`analysis.load.trials_frame`."""
+    return frame if "config" in frame.columns else frame.with_columns(pl.lit("", pl.String).alias("config"))
+
 _BOOT_CHUNK = 1 << 21
 """Bootstrap means held at once (groups × distinct resamples); bounds memory to tens of MB whatever the sweep size."""
 
@@ -42,15 +50,15 @@ class Summary:
     """All aggregates of one sweep (each frame documented by the function that builds it)."""
 
     accuracy: pl.DataFrame
-    """:func:`accuracy_stats`: per (task, backbone, recipe, depth)."""
+    """:func:`accuracy_stats`: per configuration and depth."""
     per_seed: pl.DataFrame
     """:func:`extrapolation_per_seed`: d50, G, censored per trial (every status, marked)."""
     G: pl.DataFrame
-    """:func:`g_summary`: per (task, backbone, recipe)."""
+    """:func:`g_summary`: per configuration (task, backbone, recipe, config)."""
     halting: pl.DataFrame
-    """:func:`halting_gap`: per (task, backbone, recipe, depth); empty when no halting metrics were logged."""
+    """:func:`halting_gap`: per configuration and depth; empty when no halting metrics were logged."""
     iterations: pl.DataFrame
-    """:func:`iteration_stats`: per (task, backbone, recipe, k); empty when no rms_k / halt_prob_k were logged."""
+    """:func:`iteration_stats`: per configuration and k; empty when no rms_k / halt_prob_k were logged."""
     excluded: pl.DataFrame
     """:func:`excluded_trials`: status, n for every status other than FINISHED."""
     warnings: tuple[str, ...]
@@ -147,14 +155,14 @@ def _percentile_bounds(x_gn: np.ndarray, counts_bn: np.ndarray, q: np.ndarray) -
 
 
 def accuracy_stats(acc: pl.DataFrame, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> pl.DataFrame:
-    """Full-state accuracy over seeds per (task, backbone, recipe, depth), FINISHED trials only.
+    """Full-state accuracy over seeds per configuration and depth, FINISHED trials only.
 
     Returns columns: GROUP, ``depth``, ``train_depth``, ``multiple`` (depth / d_train), ``chance``, ``n`` (seeds),
     ``mean``, ``std`` (ddof = 1), ``ci_lo``, ``ci_hi`` (bootstrap, see :func:`bootstrap_ci`), ``min``, ``max``,
     ``query_mean``, ``query_std`` (per-query accuracy). Accuracies are fractions in [0, 1].
     """
     keys = [*GROUP, "depth"]
-    fin = acc.filter(FINISHED & pl.col("acc").is_not_null())
+    fin = with_config(acc).filter(FINISHED & pl.col("acc").is_not_null())
     stats = fin.group_by(keys).agg(
         pl.col("train_depth").first(),
         pl.col("chance").first(),
@@ -190,7 +198,7 @@ def extrapolation_per_seed(acc: pl.DataFrame) -> pl.DataFrame:
     below = pl.col("acc").is_nan() | (pl.col("acc") < midpoint)
     known = pl.col("midpoint").is_not_null()
     return (
-        acc.filter(pl.col("acc").is_not_null())
+        with_config(acc).filter(pl.col("acc").is_not_null())
         .group_by("run_id", maintain_order=True)
         .agg(
             pl.col("status", *GROUP, "seed", "train_depth", "chance").first(),
@@ -208,7 +216,7 @@ def extrapolation_per_seed(acc: pl.DataFrame) -> pl.DataFrame:
 
 
 def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
-    """G over seeds per (task, backbone, recipe), FINISHED trials only.
+    """G over seeds per configuration (task, backbone, recipe, config), FINISHED trials only.
 
     Returns columns: GROUP, ``train_depth``, ``n`` (seeds with a G), ``n_censored``, ``G_mean``, ``G_std``
     (ddof = 1), ``G_min``, ``G_max``, ``lower_bound`` (any seed censored: G_mean is a lower bound, "≥"),
@@ -216,6 +224,7 @@ def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
     ``recipe.anchoring`` / ``recipe.targets`` params, for the ablation table). A configuration whose trials all
     failed still has a row, with n = 0.
     """
+    per_seed, trials = with_config(per_seed), with_config(trials)
     fin = per_seed.filter(FINISHED & pl.col("G").is_not_null())
     stats = fin.group_by(GROUP).agg(
         pl.col("train_depth").first(),
@@ -243,7 +252,7 @@ def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
 
 
 def halting_gap(acc: pl.DataFrame) -> pl.DataFrame:
-    """Halting-rule accuracy vs oracle stopping per (task, backbone, recipe, depth), FINISHED trials with both.
+    """Halting-rule accuracy vs oracle stopping per configuration and depth, FINISHED trials with both.
 
     gap = oracle_acc − halt_acc per seed (≥ 0 when the oracle is the best iteration), then mean/std over seeds.
     Returns columns: GROUP, depth, train_depth, n, halt_mean, halt_std, oracle_mean, oracle_std, gap_mean, gap_std,
@@ -251,7 +260,7 @@ def halting_gap(acc: pl.DataFrame) -> pl.DataFrame:
     ``halt_acc_d{D}`` and ``oracle_acc_d{D}``.
     """
     keys = [*GROUP, "depth"]
-    fin = acc.filter(FINISHED & pl.col("halt_acc").is_not_null() & pl.col("oracle_acc").is_not_null())
+    fin = with_config(acc).filter(FINISHED & pl.col("halt_acc").is_not_null() & pl.col("oracle_acc").is_not_null())
     gap = pl.col("oracle_acc") - pl.col("halt_acc")
     return (
         fin.group_by(keys)
@@ -271,7 +280,7 @@ def halting_gap(acc: pl.DataFrame) -> pl.DataFrame:
 
 
 def iteration_stats(by_iteration: pl.DataFrame) -> pl.DataFrame:
-    """State RMS and halting probability after iteration k over seeds, per (task, backbone, recipe, k), FINISHED.
+    """State RMS and halting probability after iteration k over seeds, per configuration and k, FINISHED.
 
     Returns columns: GROUP, k, and for each of ``rms``, ``halt_prob``: ``{kind}_n``, ``{kind}_mean``, ``{kind}_std``
     (ddof = 1), ``{kind}_min``, ``{kind}_max``.
@@ -288,7 +297,7 @@ def iteration_stats(by_iteration: pl.DataFrame) -> pl.DataFrame:
             pl.col(kind).max().alias(f"{kind}_max"),
         )
     ]
-    return by_iteration.filter(FINISHED).group_by(keys).agg(aggs).sort(keys, nulls_last=True)
+    return with_config(by_iteration).filter(FINISHED).group_by(keys).agg(aggs).sort(keys, nulls_last=True)
 
 
 def excluded_trials(trials: pl.DataFrame) -> pl.DataFrame:
@@ -303,7 +312,7 @@ def consistency_warnings(trials: pl.DataFrame) -> list[str]:
     - several train depths in one configuration (G and the depth multiples assume one d_train);
     - FINISHED trials without a recipe / backbone / task / seed tag, or without any ``acc_d{D}`` metric.
     """
-    fin = trials.filter(FINISHED)
+    fin = with_config(trials).filter(FINISHED)
     out: list[str] = []
     dup = (
         fin.filter(pl.col("seed").is_not_null())
@@ -320,6 +329,8 @@ def consistency_warnings(trials: pl.DataFrame) -> list[str]:
     for r in mixed.iter_rows(named=True):
         out.append(f"{_name(r)}: several train depths {r['depths']}; G uses each trial's own d_train")
     for col in (*GROUP, "seed"):
+        if col == "config":  # not a tag: derived from the params, never null
+            continue
         n = fin.get_column(col).null_count()
         if n:
             out.append(f"{n} FINISHED trial(s) lack the tag par_ray.{col}")
@@ -331,4 +342,4 @@ def consistency_warnings(trials: pl.DataFrame) -> list[str]:
 
 
 def _name(row: dict) -> str:
-    return " ".join(f"{k}={row[k]}" for k in GROUP)
+    return " ".join(f"{k}={row[k]}" if k != "config" else f"[{row[k]}]" for k in GROUP if k != "config" or row[k])

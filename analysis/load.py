@@ -4,7 +4,9 @@ A sweep is one MLflow parent run (tag ``par_ray.role = "sweep"``); each trial is
 ``mlflow.parentRunId``, ``par_ray.role = "trial"``, ``par_ray.{trial_id,recipe,backbone,task,seed,git_commit}``,
 params = the flat trial config, final metrics ``acc_d{D}``, ``acc_query_d{D}``, ``chance``, optional
 ``halt_acc_d{D}``, ``oracle_acc_d{D}``, ``halt_iter_d{D}``, ``rms_k{K}``, ``halt_prob_k{K}``). Trials are grouped by
-their tags, never by run names.
+their tags, never by run names, and by their ``config``: the params that vary between the loaded trials of one
+(task, backbone, recipe), seed excepted (:func:`config_labels`). After an Optuna search, each sampled configuration is
+then its own group with its own seeds; after a grid of recipes × backbones × seeds, ``config`` is empty.
 
 Three frames come out (:class:`SweepFrames`):
 
@@ -23,8 +25,11 @@ from dataclasses import dataclass
 import polars as pl
 import polars.selectors as cs
 
-TRIAL_KEYS = ("task", "backbone", "recipe")
-"""Tag columns that name a configuration; seeds of one configuration are aggregated together."""
+TRIAL_KEYS = ("task", "backbone", "recipe", "config")
+"""Columns that name a configuration (three tags and :func:`config_labels`); seeds of one configuration are aggregated
+together."""
+SEED_PARAMS = ("train.seed",)
+"""Flat config keys that tell seeds of one configuration apart (never part of ``config``)."""
 
 _TAGS = {  # frame column -> MLflow tag
     "trial_id": "par_ray.trial_id",
@@ -52,6 +57,7 @@ TRIAL_SCHEMA = {
     "task": pl.String,
     "backbone": pl.String,
     "recipe": pl.String,
+    "config": pl.String,
     "seed": pl.Int64,
     "git_commit": pl.String,
     "train_depth": pl.Int64,
@@ -64,7 +70,7 @@ TRIAL_SCHEMA = {
     "chance": pl.Float64,
 }
 """Columns every ``trials`` frame has, in order; the run's final metrics follow as Float64 columns."""
-_ID_COLUMNS = ("run_id", "status", "task", "backbone", "recipe", "seed", "train_depth", "chance")
+_ID_COLUMNS = ("run_id", "status", "task", "backbone", "recipe", "config", "seed", "train_depth", "chance")
 """Trial columns carried into the long frames."""
 
 
@@ -89,26 +95,51 @@ class SweepFrames:
     """Parent (sweep) run the trials were restricted to, if any."""
 
 
+def config_labels(records: list[dict]) -> list[str]:
+    """The ``config`` of each record: ``"key=value"`` pairs, sorted by key and joined by ``", "``, of every param that
+    varies between records of the same (task, backbone, recipe) tags, except :data:`SEED_PARAMS`.
+
+    Params fixed by the tags (a backbone's sizes, a recipe's anchoring) and params equal in every trial are left out,
+    so a grid sweep gets ``""`` everywhere and an Optuna search gets its sampled knobs (e.g.
+    ``"recipe.grad_window=4, train.lr=0.00042"``). A param missing from a run counts as the value ``None``. Values
+    are the logged strings, unshortened: two configurations never share a label.
+    """
+    def group(r: dict) -> tuple:
+        return tuple(r["tags"].get(_TAGS[k]) for k in TRIAL_KEYS if k in _TAGS)
+
+    keys = sorted({k for r in records for k in r["params"]} - set(SEED_PARAMS))
+    seen: dict[tuple, dict[str, set]] = {}
+    for r in records:
+        by_key = seen.setdefault(group(r), {})
+        for k in keys:
+            by_key.setdefault(k, set()).add(r["params"].get(k))
+    varying = [k for k in keys if any(len(by_key[k]) > 1 for by_key in seen.values())]
+    return [", ".join(f"{k}={r['params'].get(k)}" for k in varying) for r in records]
+
+
 def trials_frame(records: list[dict]) -> pl.DataFrame:
     """``trials`` from plain records, one per run.
 
     Each record: ``run_id``, ``status``, ``start_ms`` / ``end_ms`` (epoch milliseconds, ``None`` while running),
     ``tags`` and ``params`` (str → str, MLflow keys) and ``metrics`` (str → float). Missing tags and params become
-    null; ``seed`` and ``train_depth`` that do not parse as integers become null.
+    null; ``seed`` and ``train_depth`` that do not parse as integers become null; ``config`` is
+    :func:`config_labels` over all the records.
     """
     rows = [
         {
             "run_id": r["run_id"],
             "status": r["status"],
+            "config": config,
             "start_ms": r.get("start_ms"),
             "end_ms": r.get("end_ms"),
             **{col: r["tags"].get(tag) for col, tag in _TAGS.items()},
             **{col: r["params"].get(key) for col, key in _PARAMS.items()},
             **{f"metric:{k}": float(v) for k, v in r["metrics"].items()},
         }
-        for r in records
+        for r, config in zip(records, config_labels(records))
     ]
-    raw_schema = {"run_id": pl.String, "status": pl.String, "start_ms": pl.Int64, "end_ms": pl.Int64}
+    raw_schema = {"run_id": pl.String, "status": pl.String, "config": pl.String, "start_ms": pl.Int64,
+                  "end_ms": pl.Int64}
     raw_schema |= {col: pl.String for col in (*_TAGS, *_PARAMS)}
     metric_names = sorted({k for r in records for k in r["metrics"]},  # acc_d8 before acc_d16
                           key=lambda m: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", m)])
@@ -122,6 +153,7 @@ def trials_frame(records: list[dict]) -> pl.DataFrame:
         "task",
         "backbone",
         "recipe",
+        "config",
         pl.col("seed").str.strip_chars().cast(pl.Int64, strict=False),
         "git_commit",
         pl.col("train_depth").str.strip_chars().cast(pl.Int64, strict=False),

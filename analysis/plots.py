@@ -3,7 +3,9 @@ iterations.
 
 Built on ``matplotlib.figure.Figure`` directly (no pyplot, no global backend switch), rendered by Agg to PNG at a
 fixed size: ``FIGSIZE`` inches × ``DPI`` = 640 × 480 pixels, so every file has the same shape. Colours are fixed per
-recipe across figures; censored (lower-bound) G values are drawn as upward triangles.
+series across figures; a series is a recipe, or "recipe · config" when the trials differ in more than task, backbone
+and recipe (an Optuna search; see ``analysis.load.config_labels``). Censored (lower-bound) G values are drawn as
+upward triangles.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import polars as pl
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from analysis.aggregate import Summary
-from analysis.tables import FIRST_RECIPES, display_rank
+from analysis.aggregate import Summary, with_config
+from analysis.tables import FIRST_RECIPES, config_label, display_rank
 
 FIGSIZE = (6.4, 4.8)
 """Inches; with ``DPI`` gives 640 × 480 px."""
@@ -62,6 +64,16 @@ def _in_order(values: list, first: tuple[str, ...] = ()) -> list:
     return sorted(rank, key=rank.get)
 
 
+def with_series(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with a ``series`` column: the recipe, or ``"recipe · config"`` (shortened, :func:`config_label`)
+    when the configuration has a non-empty ``config``."""
+    return with_config(frame).with_columns(
+        pl.when(pl.col("config").fill_null("") == "").then(pl.col("recipe"))
+        .otherwise(pl.concat_str(pl.col("recipe"), pl.lit(" · "),
+                                 pl.col("config").map_elements(config_label, return_dtype=pl.String)))
+        .alias("series"))
+
+
 def file_stem(*parts: str) -> str:
     """``"accuracy_swap_s5_qwen2.5-7b"``: parts joined by ``_``; characters other than letters, digits, ``.`` and
     ``-`` become ``_``."""
@@ -69,18 +81,18 @@ def file_stem(*parts: str) -> str:
 
 
 def accuracy_by_depth(accuracy: pl.DataFrame, path: str | Path, *, task: str, backbone: str) -> Path:
-    """Mean full-state accuracy vs test depth (log2 axis), one line per recipe, band = min–max over seeds, with the
+    """Mean full-state accuracy vs test depth (log2 axis), one line per series, band = min–max over seeds, with the
     chance and midpoint lines and the train depth marked. ``accuracy``: :func:`analysis.aggregate.accuracy_stats`."""
-    rows = accuracy.filter((pl.col("task") == task) & (pl.col("backbone") == backbone)).sort("depth")
+    rows = with_series(accuracy.filter((pl.col("task") == task) & (pl.col("backbone") == backbone))).sort("depth")
     fig, ax = _figure(f"{task} · {backbone}: accuracy vs test depth")
-    colors = _colors(rows.get_column("recipe").to_list())
-    for recipe in _in_order(rows.get_column("recipe").to_list(), FIRST_RECIPES):
-        r = rows.filter(pl.col("recipe") == recipe)
+    colors = _colors(rows.get_column("series").to_list())
+    for name in _in_order(rows.get_column("series").to_list(), FIRST_RECIPES):
+        r = rows.filter(pl.col("series") == name)
         d = r.get_column("depth").to_numpy()
-        ax.fill_between(d, r.get_column("min").to_numpy(), r.get_column("max").to_numpy(), color=colors[recipe],
+        ax.fill_between(d, r.get_column("min").to_numpy(), r.get_column("max").to_numpy(), color=colors[name],
                         alpha=0.18, linewidth=0)
-        ax.plot(d, r.get_column("mean").to_numpy(), marker="o", markersize=4, color=colors[recipe],
-                label=f"{recipe} (n={r.get_column('n').max()})")
+        ax.plot(d, r.get_column("mean").to_numpy(), marker="o", markersize=4, color=colors[name],
+                label=f"{name} (n={r.get_column('n').max()})")
     chance = rows.get_column("chance").drop_nulls()
     if chance.len():
         c = float(chance[0])
@@ -104,40 +116,41 @@ def accuracy_by_depth(accuracy: pl.DataFrame, path: str | Path, *, task: str, ba
 
 
 def g_by_backbone(g: pl.DataFrame, per_seed: pl.DataFrame, path: str | Path, *, task: str) -> Path:
-    """G per backbone, one marker per recipe at mean ± std (error bar) with the seeds as small points; triangles mark
+    """G per backbone, one marker per series at mean ± std (error bar) with the seeds as small points; triangles mark
     lower bounds (a censored seed). ``g``: :func:`analysis.aggregate.g_summary`; ``per_seed``:
     :func:`analysis.aggregate.extrapolation_per_seed`."""
-    g = g.filter((pl.col("task") == task) & (pl.col("n") > 0))
-    seeds = per_seed.filter((pl.col("task") == task) & (pl.col("status") == "FINISHED") & pl.col("G").is_not_null())
+    g = with_series(g.filter((pl.col("task") == task) & (pl.col("n") > 0)))
+    seeds = with_series(per_seed.filter((pl.col("task") == task) & (pl.col("status") == "FINISHED")
+                                        & pl.col("G").is_not_null()))
     fig, ax = _figure(f"{task}: extrapolation factor G per backbone")
     backbones = _in_order(g.get_column("backbone").to_list())
-    recipes = _in_order(g.get_column("recipe").to_list(), FIRST_RECIPES)
-    colors = _colors(recipes)
-    width = 0.8 / max(len(recipes), 1)
-    for i, recipe in enumerate(recipes):
-        offset = (i - (len(recipes) - 1) / 2) * width
-        r = g.filter(pl.col("recipe") == recipe)
+    names = _in_order(g.get_column("series").to_list(), FIRST_RECIPES)
+    colors = _colors(names)
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        offset = (i - (len(names) - 1) / 2) * width
+        r = g.filter(pl.col("series") == name)
         for row in r.iter_rows(named=True):
             x = backbones.index(row["backbone"]) + offset
             std = row["G_std"] if row["G_std"] is not None and not math.isnan(row["G_std"]) else 0.0
-            ax.errorbar(x, row["G_mean"], yerr=std, fmt="^" if row["lower_bound"] else "o", color=colors[recipe],
-                        markersize=7, capsize=3, markerfacecolor="white" if row["lower_bound"] else colors[recipe])
-        s = seeds.filter(pl.col("recipe") == recipe).with_columns(
+            ax.errorbar(x, row["G_mean"], yerr=std, fmt="^" if row["lower_bound"] else "o", color=colors[name],
+                        markersize=7, capsize=3, markerfacecolor="white" if row["lower_bound"] else colors[name])
+        s = seeds.filter(pl.col("series") == name).with_columns(
             pl.int_range(pl.len()).over("backbone").alias("_i"))  # spread a configuration's seeds sideways
         if s.height:
             x = (np.array([backbones.index(b) for b in s.get_column("backbone").to_list()]) + offset
                  + (0.15 + 0.07 * s.get_column("_i").to_numpy()) * width)
             cens = s.get_column("censored").fill_null(False).to_numpy()
             gs = s.get_column("G").to_numpy()
-            ax.scatter(x[~cens], gs[~cens], s=14, color=colors[recipe], alpha=0.6, marker="o", linewidths=0)
-            ax.scatter(x[cens], gs[cens], s=22, color=colors[recipe], alpha=0.6, marker="^", linewidths=0)
+            ax.scatter(x[~cens], gs[~cens], s=14, color=colors[name], alpha=0.6, marker="o", linewidths=0)
+            ax.scatter(x[cens], gs[cens], s=22, color=colors[name], alpha=0.6, marker="^", linewidths=0)
     ax.axhline(1.0, color="0.35", linestyle=":", linewidth=1)
     ax.set_xticks(range(len(backbones)), backbones, rotation=20 if len(backbones) > 3 else 0)
     ax.set_xlim(-0.6, len(backbones) - 0.4)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("backbone")
     ax.set_ylabel("G = d50 / d_train")
-    handles = [Line2D([], [], color=colors[r], marker="o", linestyle="", label=r) for r in recipes]
+    handles = [Line2D([], [], color=colors[r], marker="o", linestyle="", label=r) for r in names]
     handles += [Line2D([], [], color="0.3", marker="^", markerfacecolor="white", linestyle="",
                        label="mean is a lower bound (≥)"),
                 Line2D([], [], color="0.3", marker="o", markersize=4, alpha=0.6, linestyle="", label="seed"),
@@ -152,20 +165,21 @@ def _per_iteration(iterations: pl.DataFrame, kind: str, path: str | Path, *, tas
     rows = iterations.filter((pl.col("task") == task) & pl.col(f"{kind}_mean").is_not_null()).sort("k")
     if rows.is_empty():
         return None
+    rows = with_series(rows)
     fig, ax = _figure(f"{task}: {title}")
-    recipes = _in_order(rows.get_column("recipe").to_list(), FIRST_RECIPES)
+    names = _in_order(rows.get_column("series").to_list(), FIRST_RECIPES)
     backbones = _in_order(rows.get_column("backbone").to_list())
-    colors = _colors(recipes)
-    for recipe in recipes:
+    colors = _colors(names)
+    for name in names:
         for j, backbone in enumerate(backbones):
-            r = rows.filter((pl.col("recipe") == recipe) & (pl.col("backbone") == backbone))
+            r = rows.filter((pl.col("series") == name) & (pl.col("backbone") == backbone))
             if r.is_empty():
                 continue
             k = r.get_column("k").to_numpy()
             ax.fill_between(k, r.get_column(f"{kind}_min").to_numpy(), r.get_column(f"{kind}_max").to_numpy(),
-                            color=colors[recipe], alpha=0.15, linewidth=0)
-            label = recipe if len(backbones) == 1 else f"{recipe} · {backbone}"
-            ax.plot(k, r.get_column(f"{kind}_mean").to_numpy(), color=colors[recipe],
+                            color=colors[name], alpha=0.15, linewidth=0)
+            label = name if len(backbones) == 1 else f"{name} · {backbone}"
+            ax.plot(k, r.get_column(f"{kind}_mean").to_numpy(), color=colors[name],
                     linestyle=_LINESTYLES[j % len(_LINESTYLES)], marker="o", markersize=3,
                     label=f"{label} (n={r.get_column(f'{kind}_n').max()})")
     ks = rows.get_column("k").unique().sort().to_list()
@@ -180,14 +194,14 @@ def _per_iteration(iterations: pl.DataFrame, kind: str, path: str | Path, *, tas
 
 
 def rms_trajectory(iterations: pl.DataFrame, path: str | Path, *, task: str) -> Path | None:
-    """Mean state RMS after iteration k (``rms_k{K}``) per recipe (× backbone), band = min–max over seeds.
+    """Mean state RMS after iteration k (``rms_k{K}``) per series (× backbone), band = min–max over seeds.
     ``None`` when no trial of ``task`` logged it. ``iterations``: :func:`analysis.aggregate.iteration_stats`."""
     return _per_iteration(iterations, "rms", path, task=task, ylabel="state RMS", title="state RMS over iterations",
                           ylim=None)
 
 
 def halting_probability(iterations: pl.DataFrame, path: str | Path, *, task: str) -> Path | None:
-    """Mean halting probability after iteration k (``halt_prob_k{K}``) per recipe (× backbone), band = min–max over
+    """Mean halting probability after iteration k (``halt_prob_k{K}``) per series (× backbone), band = min–max over
     seeds. ``None`` when no trial of ``task`` logged it."""
     return _per_iteration(iterations, "halt_prob", path, task=task, ylabel="halting probability",
                           title="halting probability vs iteration", ylim=(-0.02, 1.02))

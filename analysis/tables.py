@@ -10,6 +10,11 @@ Layouts (PAR paper, §5):
 - ``ablation``: one row per recipe with its anchoring and targets, accuracy at the largest multiple tested by every
   row, and G.
 
+When the trials differ in more than task, backbone and recipe (an Optuna search: ``config`` holds the sampled knobs,
+see ``analysis.load.config_labels``), every table gains a ``config`` column, one row per configuration with its own
+seeds, and within a (task, recipe, backbone) the configurations are listed best first: highest mean G, then highest
+mean accuracy at the longest test depth.
+
 Every cell is "mean ± std (n)" over n seeds (sample std, ddof = 1; "mean (n)" when n = 1; "–" when nothing was
 measured). Accuracies are in percent; G carries "≥" when any seed was censored (the mean is then a lower bound).
 """
@@ -86,17 +91,47 @@ def display_rank(values: list, first: tuple[str, ...] = ()) -> dict:
 
 def ordered(frame: pl.DataFrame, by: list[str], then: tuple[str, ...] = ()) -> pl.DataFrame:
     """``frame`` sorted by ``by`` (task / backbone / recipe columns) in display order: recipes listed in
-    ``FIRST_RECIPES`` first, then names in natural order; ties broken by the ``then`` columns as sorted values."""
+    ``FIRST_RECIPES`` first, then names in natural order; ties broken by the ``then`` columns as sorted values
+    (nulls last)."""
     keys = []
     for col in by:
         rank = display_rank(frame.get_column(col).to_list(), FIRST_RECIPES if col == "recipe" else ())
         keys.append(pl.col(col).replace_strict(rank, default=len(rank), return_dtype=pl.Int64))
-    return frame.sort([*keys, *then]) if keys or then else frame
+    return frame.sort([*keys, *then], nulls_last=True) if keys or then else frame
+
+
+def config_label(config: str | None) -> str:
+    """A ``config`` (``"recipe.grad_window=4, train.lr=0.000423817"``) for display: long decimals to 3 significant
+    digits (``"recipe.grad_window=4, train.lr=0.000424"``); ``""`` stays ``""``."""
+    def short(pair: str) -> str:
+        key, sep, value = pair.partition("=")
+        if sep and re.fullmatch(r"-?\d*\.\d{4,}(e[-+]?\d+)?|-?\d+(\.\d+)?e[-+]?\d+", value, re.IGNORECASE):
+            value = f"{float(value):.3g}"
+        return key + sep + value
+    return ", ".join(short(p) for p in config.split(", ")) if config else ""
+
+
+def best_first(frame: pl.DataFrame, summary: Summary, by: list[str]) -> pl.DataFrame:
+    """``frame`` (GROUP columns) in display order of ``by``, configurations of one ``by`` group best first: highest
+    mean G, then highest mean accuracy at the longest test depth (see the module docstring), then by label."""
+    g = summary.G.select(*GROUP, (-pl.col("G_mean")).alias("_neg_G"))
+    acc = summary.accuracy
+    longest = (acc.sort("depth").group_by(GROUP, maintain_order=True).last()
+               .select(*GROUP, (-pl.col("mean")).alias("_neg_acc")))
+    ranked = (frame.join(g, on=GROUP, how="left", nulls_equal=True)
+              .join(longest, on=GROUP, how="left", nulls_equal=True))
+    return ordered(ranked, by, then=("_neg_G", "_neg_acc", "config")).drop("_neg_G", "_neg_acc")
 
 
 def _label_columns(frame: pl.DataFrame, labels: list[str]) -> list[str]:
-    """``labels`` without ``task`` when there is only one task (it goes in the title instead)."""
-    return [c for c in labels if not (c == "task" and frame.get_column("task").n_unique() <= 1)]
+    """``labels`` without ``task`` when there is only one task (it goes in the title instead), and without ``config``
+    when every trial has the same (nothing but task, backbone, recipe and seed varies)."""
+    return [c for c in labels if not (c in ("task", "config") and frame.get_column(c).n_unique() <= 1)]
+
+
+def _show_config(frame: pl.DataFrame) -> pl.DataFrame:
+    """The ``config`` column shortened for display (:func:`config_label`)."""
+    return frame.with_columns(pl.col("config").map_elements(config_label, return_dtype=pl.String))
 
 
 def _task_title(frame: pl.DataFrame) -> str:
@@ -150,12 +185,15 @@ def main_results(summary: Summary) -> Table:
         if not cells.is_empty() else pl.DataFrame(schema={c: pl.String for c in GROUP})
     )
     wide = _g_cells(g).join(wide, on=GROUP, how="left", nulls_equal=True)
-    wide = ordered(wide, ["task", "recipe", "backbone"])
-    label_cols = _label_columns(wide, ["task", "recipe", "backbone"])
+    wide = best_first(wide, summary, ["task", "recipe", "backbone"])
+    label_cols = _label_columns(wide, ["task", "recipe", "backbone", "config"])
     value_cols = [lbl for lbl in labels.values() if lbl in wide.columns]
-    frame = wide.select(*label_cols, *value_cols, "G").with_columns(pl.col(value_cols).fill_null(MISSING))
+    frame = _show_config(wide).select(*label_cols, *value_cols, "G").with_columns(pl.col(value_cols).fill_null(MISSING))
     notes = ["Full-state accuracy (%) at each test depth; G = d50 / d_train; mean ± std over seeds (ddof = 1), "
              "(n) seeds; ≥: some seed never fell below the midpoint, so G is a lower bound."]
+    if "config" in label_cols:
+        notes.append("config: the parameters that differ between trials besides the seed; each configuration has "
+                     "its own seeds, best first (highest mean G, then accuracy at the longest depth).")
     if not one_train:
         notes.append(f"Configurations use different train depths {d_train.sort().to_list()}; columns are absolute "
                      "test depths.")
@@ -180,10 +218,10 @@ def scale_results(summary: Summary, multiple: float = SCALE_MULTIPLE) -> Table:
         .alias("test depth"),
         _acc_cell_expr().alias("accuracy (%)"),
     )
-    wide = ordered(_g_cells(summary.G).join(rows, on=GROUP, how="left", nulls_equal=True),
-                   ["task", "backbone", "recipe"])
-    label_cols = _label_columns(wide, ["task", "backbone", "recipe"])
-    frame = wide.select(*label_cols, "test depth", "accuracy (%)", "G").fill_null(MISSING)
+    wide = best_first(_g_cells(summary.G).join(rows, on=GROUP, how="left", nulls_equal=True), summary,
+                      ["task", "backbone", "recipe"])
+    label_cols = _label_columns(wide, ["task", "backbone", "recipe", "config"])
+    frame = _show_config(wide).select(*label_cols, "test depth", "accuracy (%)", "G").fill_null(MISSING)
     note = (f"Accuracy at {multiple:g}× the train length, or at the largest tested multiple where {multiple:g}× was "
             "not tested; mean ± std (n) over seeds.")
     shown = pick.get_column("multiple").unique()
@@ -210,10 +248,10 @@ def halting_results(summary: Summary) -> Table | None:
         _acc_cell_expr("gap_").alias("oracle − halting (pts)"),
         pl.col("halt_iter_mean").map_elements(lambda v: f"{v:.1f}", return_dtype=pl.String).alias("iterations"),
     )
-    rows = ordered(rows, ["task", "recipe", "backbone"], then=("depth",))
-    label_cols = _label_columns(rows, ["task", "recipe", "backbone"])
-    frame = rows.select(*label_cols, "test depth", "halting (%)", "oracle (%)", "oracle − halting (pts)",
-                        "iterations").fill_null(MISSING)
+    rows = ordered(rows, ["task", "recipe", "backbone"], then=("config", "depth"))
+    label_cols = _label_columns(rows, ["task", "recipe", "backbone", "config"])
+    frame = _show_config(rows).select(*label_cols, "test depth", "halting (%)", "oracle (%)",
+                                      "oracle − halting (pts)", "iterations").fill_null(MISSING)
     note = ("Halting: stop by the halting rule; oracle: best iteration; gap in accuracy points; iterations: mean "
             "iterations run under the halting rule. Mean ± std (n) over seeds.")
     return Table("halting", f"Halting vs oracle stopping{_task_title(rows)}", frame, (note, *_exclusion_note(summary)))
@@ -233,9 +271,9 @@ def ablation_results(summary: Summary) -> Table | None:
     rows = at.select(*GROUP, _acc_cell_expr().alias(column))
     wide = _g_cells(g).join(g.select(*GROUP, "anchoring", "targets"), on=GROUP, nulls_equal=True)
     wide = wide.join(rows, on=GROUP, how="left", nulls_equal=True)
-    wide = ordered(wide, ["task", "backbone", "anchoring", "targets", "recipe"])
-    label_cols = _label_columns(wide, ["task", "backbone", "anchoring", "targets", "recipe"])
-    frame = wide.select(*label_cols, column, "G").fill_null(MISSING)
+    wide = best_first(wide, summary, ["task", "backbone", "anchoring", "targets", "recipe"])
+    label_cols = _label_columns(wide, ["task", "backbone", "anchoring", "targets", "recipe", "config"])
+    frame = _show_config(wide).select(*label_cols, column, "G").fill_null(MISSING)
     note = ("Anchoring: RMS norm anchoring on/off (recipe.anchoring); targets: progress-aligned or final-answer "
             "supervision (recipe.targets). Mean ± std (n) over seeds.")
     return Table("ablation", f"Ablation: anchoring × targets{_task_title(wide)}", frame,
@@ -299,7 +337,7 @@ def to_latex(table: Table) -> str:
 
 def _n_labels(table: Table) -> int:
     """Leading label (left-aligned) columns: the key columns before the first value column."""
-    keys = {"task", "backbone", "recipe", "anchoring", "targets", "test depth"}
+    keys = {"task", "backbone", "recipe", "config", "anchoring", "targets", "test depth"}
     n = 0
     for c in table.frame.columns:
         if c not in keys:

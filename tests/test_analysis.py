@@ -387,3 +387,11 @@ def test_bootstrap_ci_equals_plain_percentile_bootstrap():
         lo, hi = np.quantile(np.asarray(xs) @ (counts / n).T, [0.05, 0.95])
         r = _row(got, g=g)
         assert (r["ci_lo"], r["ci_hi"]) == (pytest.approx(lo, abs=1e-12), pytest.approx(hi, abs=1e-12))
+
+
+def test_help_is_plain_text(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "--experiment" in out and "example:" in out
+    assert ":func:" not in out and "``" not in out

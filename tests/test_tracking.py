@@ -123,3 +123,49 @@ def test_trial_artifacts_without_evaluation_hold_only_the_config(tmp_path):
     cfg = _cfg()
     assert tracking.write_trial_artifacts(str(tmp_path), cfg, {"step": 1, "loss": 3.0}) == ["config.json"]
     assert json.loads((tmp_path / "config.json").read_text())["backbone"]["name"] == "tiny-qwen2"
+
+
+def test_experiment_kind_curve_metrics_and_renamed_draws(tmp_path):
+    """The experiment is a model-training experiment; the final accuracy curve is logged with step = test depth and
+    step = multiple of d_train (FINISHED trials only, once); the loop's per-step draws R / depth are renamed."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    old = client.create_experiment("par_ray/old", artifact_location=(tmp_path / "a").as_uri())  # made without a kind
+    t = tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri, commit="abc")
+    assert client.get_experiment(t.experiment_id).tags[tracking.TAG_EXPERIMENT_KIND] == "custom_model_development"
+    tracking.SweepTracker.open("old", str(tmp_path / "y"), uri, commit="abc")
+    assert client.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
+
+    cfg = from_flat({"task.train_depth": 4, "eval.depths": "4,6,8,16"}, base=_cfg())
+    final = {"step": 4, "acc_d4": 1.0, "acc_d6": 0.75, "acc_d8": 0.5, "acc_d16": 0.25, "R": 3, "depth": 2}
+    for tid, status in (("done", "FINISHED"), ("failed", "FAILED")):
+        run_id = t.start_trial(tid, cfg)
+        t.log_metrics(tid, {"loss": 1.0, "R": 5, "depth": 4}, step=2)
+        t.log_metrics(tid, final, step=4)
+        t.finish_trial(tid, cfg, final, status)
+        t.finish_trial(tid, cfg, final, status)  # a resumed sweep finishing it again logs no second curve
+        run = client.get_run(run_id)
+        assert "R" not in run.data.metrics and "depth" not in run.data.metrics
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, "R_last_step")] == [(2, 5.0), (4, 3.0)]
+        assert run.data.metrics["depth_last_step"] == 2.0
+        by_depth = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "acc_by_depth"))
+        by_multiple = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "acc_by_multiple"))
+        if status == "FINISHED":
+            assert by_depth == [(4, 1.0), (6, 0.75), (8, 0.5), (16, 0.25)]
+            assert by_multiple == [(1, 1.0), (2, 0.5), (4, 0.25)]  # 6 = 1.5 × d_train is not an integer step
+        else:  # a partial run's curve would overlay the finished ones as if it were final
+            assert by_depth == [] and by_multiple == []
+
+
+def test_ui_url_opens_the_machine_learning_workflow():
+    assert tracking.ui_url("http://127.0.0.1:5000", "3") == \
+        "http://127.0.0.1:5000/#/experiments/3?workflowType=machine_learning"
+    assert tracking.ui_url("http://h:1") == "http://h:1/#/experiments?workflowType=machine_learning"
+
+
+def test_ui_command_refuses_a_missing_store(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        tracking.main(["ui", "--storage", str(tmp_path / "nothing")])
+    assert e.value.code == 2 and "--storage: no MLflow store" in capsys.readouterr().err

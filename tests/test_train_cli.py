@@ -49,3 +49,17 @@ def test_short_run_learns_and_writes_result(tmp_path):
     assert result["config"]["task.train_depth"] == 4
     # loss falls well below its start (ln 5 ≈ 1.61 per query at chance, ~3.1 at init over the 23-token vocab)
     assert result["final_loss"] < 1.3
+
+
+def test_help_lists_the_registries(capsys):
+    from par_ray.model.backbones import BACKBONES
+    from par_ray.recipes import RECIPES
+    from par_ray.tasks import TASKS
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "``" not in out
+    for flag, names in (("--task", TASKS), ("--recipe", RECIPES), ("--backbone", BACKBONES)):
+        assert f"{flag} {{{','.join(names)}}}" in out
+    assert "--seed SEED" in out and "non-negative" in out

@@ -28,18 +28,44 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m par_ray.train", description=__doc__.splitlines()[0])
-    p.add_argument("--backbone", default="tiny-qwen2", help="backbone registry name (default tiny-qwen2)")
-    p.add_argument("--pretrained", default=None, help="local checkpoint dir for from_pretrained (default: random init)")
-    p.add_argument("--task", default="swap_s5")
-    p.add_argument("--recipe", default="par")
-    p.add_argument("--train-depth", type=int, default=None, help="d_train (default: the CPU preset's)")
+    from par_ray.config import STRATEGIES
+    from par_ray.model.backbones import BACKBONES
+    from par_ray.recipes import RECIPES
+    from par_ray.tasks import TASKS
+
+    def one_of(names) -> str:
+        return "{" + ",".join(names) + "}"
+
+    # Names are listed, not enforced with argparse ``choices``: the config's own validation reports a wrong name as
+    # one "error: <field>: ..." line, like every other bad value.
+    p = argparse.ArgumentParser(
+        prog="python -m par_ray.train",
+        description="Train one PAR trial (in this process with --workers 1, else on Ray Train workers), print "
+                    "progress, the accuracy-by-depth table and G, and write OUT/result.json.",
+        epilog="Flags left out take the CPU preset (par_ray/presets.py); any other config field: --set. Example: "
+               "python -m par_ray.train --backbone tiny-qwen2 --task swap_s5 --recipe par --train-depth 8 "
+               "--steps 4000 --eval-depths 8,16,32,64 --seed 0 --out runs/par-s0")
+    p.add_argument("--backbone", default="tiny-qwen2", metavar=one_of(BACKBONES),
+                   help="parent model shape from the backbone registry (par_ray/model/backbones.py; default "
+                        "tiny-qwen2, the CPU shape)")
+    p.add_argument("--pretrained", default=None, metavar="DIR",
+                   help="local checkpoint folder to load the parent's weights from (default: random init)")
+    p.add_argument("--task", default="swap_s5", metavar=one_of(TASKS),
+                   help="state-tracking task (par_ray/tasks/; default swap_s5)")
+    p.add_argument("--recipe", default="par", metavar=one_of(RECIPES),
+                   help="training recipe: PAR or one of its ablations / baselines (table in par_ray/recipes.py; "
+                        "default par)")
+    p.add_argument("--train-depth", type=int, default=None, metavar="D",
+                   help="d_train, the longest composition trained on (default: the CPU preset's)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the CPU preset's)")
-    p.add_argument("--eval-depths", type=_ints, default=None,
+    p.add_argument("--eval-depths", type=_ints, default=None, metavar="D1,D2,...",
                    help="comma-separated test depths, e.g. 8,16,32,64 (default: 1, 2, 4 and 8 x d_train)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="trial seed, a non-negative integer: model init, training batches and the per-step depth and "
+                        "iteration draws (the test sets use eval.seed); default 0")
     p.add_argument("--workers", type=int, default=1, help=">1 starts Ray workers (DDP etc.); 1 = this process")
-    p.add_argument("--strategy", default=None, help="ddp | fsdp | deepspeed")
+    p.add_argument("--strategy", default=None, metavar=one_of(STRATEGIES),
+                   help="data-parallel wrapping with --workers > 1 (default ddp)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override any config field, e.g. --set train.lr=3e-4 (repeatable)")
     p.add_argument("--out", default="runs/train", help="output directory (result.json, checkpoints)")
