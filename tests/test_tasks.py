@@ -226,7 +226,8 @@ def test_every_task_keeps_the_layout_conventions(name, depth):
     assert ep.read_positions.dim() == 1  # one set of read positions for the whole batch
     assert ep.states.shape == (B, depth, Q)
     assert task.num_queries in (Q, None)
-    assert (ep.input_ids[:, 0] == 0).all() and 0 <= int(ep.input_ids.min()) and int(ep.input_ids.max()) < task.vocab_size
+    assert (ep.input_ids[:, 0] == 0).all()
+    assert 0 <= int(ep.input_ids.min()) and int(ep.input_ids.max()) < task.vocab_size
     assert 0 < int(ep.read_positions.min()) and int(ep.read_positions.max()) < T
     assert torch.isin(ep.states, torch.tensor(task.answer_token_ids)).all()
     assert max(task.answer_token_ids) < task.vocab_size <= 300  # small enough for the tiny shapes

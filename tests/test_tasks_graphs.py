@@ -4,7 +4,6 @@ searched depth-first from s; the instance structure (two disjoint chains of d ed
 from __future__ import annotations
 
 import pytest
-import torch
 
 from par_ray.tasks import TASKS
 from par_ray.tasks.graphs import ReachabilityTask

@@ -4,7 +4,6 @@ replayed on a dict object → location in a plain loop."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from par_ray.tasks import TASKS
 from par_ray.tasks.object_tracking import ObjectTrackingTask

@@ -2,9 +2,10 @@
 
 Source: Fan, Du, Ramchandran & Lee, "Looped Transformers for Length Generalization" (ICLR 2025, arXiv 2409.15647).
 They cast each task as an n-RASP-L program P_pre ∘ (P')^T(n) ∘ P_post, run a looped decoder T(n) times and
-supervise only its output after the last loop: T(n) = n for n-bit parity, T(n) = n + 1 for n-digit (binary)
-addition; models are trained on lengths n ∈ [1, 20] and tested on longer inputs (parity near-perfect past n = 40,
-addition at the training maximum + 10). Here **depth d is their step count T(n)**, so R = ⌈d / c⌉ = T(n) iterations
+supervise only its output after the last loop: T(n) = n for n-bit parity, T(n) = n + 1 for n-digit addition (their
+loop body XORs the operands and carries their AND, i.e. binary operands); models are trained on lengths n ∈ [1, 20]
+and tested on longer inputs (they report parity near-perfect past n = 40, addition still near-perfect at the
+training maximum + 10). Here **depth d is their step count T(n)**, so R = ⌈d / c⌉ = T(n) iterations
 at c = 1 and the extrapolation factor G compares like with like:
 
 - ``parity``: d = n bits. Prompt ``[BOS, b_1, …, b_n, SEP, QUERY]`` (T = d + 3), one answer read at QUERY: the
@@ -132,12 +133,14 @@ PARITY = ParityTask("parity")
 ADDITION = AdditionTask("addition", base=2)
 """Fan et al.'s binary addition: depth = n + 1 = T(n) for n-digit operands; d answers (the sum's digits)."""
 
-_FAN = "Fan et al. 2024 (arXiv 2409.15647) §6: trained on n in [1, 20], tested beyond"
+_FAN = "Fan et al. 2024 (arXiv 2409.15647) §6: trained on n in [1, 20]"
 PAPER_DEPTHS = {
     "parity": DepthPreset(train_depth=20, min_train_depth=1, test_depths=(20, 30, 40, 50),
-                          source=_FAN + " (parity near-perfect past n = 40); depth = n"),
+                          source=_FAN + "; tests n = 20…50 span their reported range (near-perfect past n = 40); "
+                                        "depth = n"),
     "addition": DepthPreset(train_depth=21, min_train_depth=2, test_depths=(21, 31, 41),
-                            source=_FAN + " (addition at the training maximum + 10); depth = n + 1"),
+                            source=_FAN + "; tests n = 20, 30, 40 (they report the training maximum + 10); "
+                                          "depth = n + 1"),
 }
-"""Paper presets: Fan et al.'s training lengths (n ≤ 20) and test lengths n = 20…50 (parity) and 20…40 (addition),
-converted to depth = T(n)."""
+"""Paper presets: Fan et al.'s training lengths (n ≤ 20), tests at n = 20…50 (parity) and 20…40 (addition), our
+choice of points within the range they report, converted to depth = T(n)."""
