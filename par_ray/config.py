@@ -15,7 +15,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field, fields, replace
 
-TASK_NAMES = ("swap_s5", "s5", "a5")
+TASK_NAMES = ("swap_s5", "s5", "a5", "rule_table", "object_tracking", "parity", "addition", "reachability")
 TARGETS = ("progress", "final", "done")
 DEPTH_SCHEDULES = ("forced", "hold")
 STRATEGIES = ("ddp", "fsdp", "deepspeed")

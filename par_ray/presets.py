@@ -2,7 +2,8 @@
 
 ``local``: tiny Qwen2/Qwen3 shapes that learn on a 2-core CPU (issue "PAR core"), d_train 6, evaluated to 8× the train
 length.
-``paper``: the paper's protocol on real Qwen sizes (d_train 32, evaluation to 16×, bf16 on GPUs).
+``paper``: the paper's protocol on real Qwen sizes at each task's paper depths (``par_ray.tasks.PAPER_DEPTHS``;
+the permutation tasks: d_train 32, evaluation to 16×), bf16 on GPUs.
 """
 
 from __future__ import annotations
@@ -44,16 +45,22 @@ def _hub_name(backbone: str) -> str | None:
 
 
 def paper_trial(backbone: str = "qwen2.5-0.5b", task: str = "swap_s5", seed: int = 0) -> TrialConfig:
-    """The paper's protocol: d_train 32, tests 32…512 (16×), 1,024 sequences per depth, bf16 on GPUs."""
+    """The paper's protocol: the task's paper depths (``par_ray.tasks.PAPER_DEPTHS``: for the permutation tasks
+    d_train 32, tests 32…512, i.e. 16×), 1,024 sequences per depth, bf16 on GPUs. Raises ``ValueError`` for an
+    unknown task."""
+    from par_ray.tasks import PAPER_DEPTHS, get_task
+
+    get_task(task)  # the registry's error names the known tasks
+    depths = PAPER_DEPTHS[task]
     return TrialConfig(
-        task=TaskConfig(name=task, train_depth=32),
+        task=TaskConfig(name=task, train_depth=depths.train_depth, min_train_depth=depths.min_train_depth),
         # PAR retrofits the *pretrained* parent: the paper preset loads the hub checkpoint (a cluster node with hub
         # access or a local mirror; override with backbone.pretrained=PATH).
         backbone=BackboneConfig(name=backbone, pretrained=_hub_name(backbone)),
         recipe=RecipeConfig(grad_window=8, max_iterations=64),
         train=TrainConfig(steps=5000, batch_size=64, lr=1e-4, warmup_steps=200, seed=seed, use_gpu=True,
                           num_workers=1, eval_every=1000, report_every=50, checkpoint_every=500),
-        eval=EvalConfig(depths=(32, 64, 128, 256, 512), num_sequences=1024, batch_size=128),
+        eval=EvalConfig(depths=depths.test_depths, num_sequences=1024, batch_size=128),
     )
 
 
@@ -77,21 +84,25 @@ PAPER_PARALLELISM_CANDIDATES = (
 )
 
 
-def paper_parallelism(backbone: str) -> dict[str, object]:
-    """Flat ``train.*`` overrides (strategy, workers, ZeRO stage) for ``backbone`` under the paper preset.
+def paper_parallelism(backbone: str, task: str = "swap_s5") -> dict[str, object]:
+    """Flat ``train.*`` overrides (strategy, workers, ZeRO stage) for ``backbone`` under the paper preset of ``task``.
 
     The first of :data:`PAPER_PARALLELISM_CANDIDATES` whose per-GPU peak (``par_ray.planner.plan``, bf16, the paper
-    trial's R, gradient window, global batch split over the GPUs, the checkpoint's vocabulary) fits in
-    :data:`PAPER_HEADROOM` × :data:`PAPER_GPU_MEMORY_GB`. Raises ``ValueError`` if none fits.
+    trial's R, gradient window, global batch split over the GPUs, the task's prompt length and read positions at
+    d_train, the checkpoint's vocabulary) fits in :data:`PAPER_HEADROOM` × :data:`PAPER_GPU_MEMORY_GB`. Raises
+    ``ValueError`` if none fits.
     """
     from par_ray.planner import plan
+    from par_ray.tasks import get_task
 
-    cfg = paper_trial(backbone)
+    cfg = paper_trial(backbone, task)
     t, r, tr = cfg.task, cfg.recipe, cfg.train
+    episode = get_task(task).sample(t.train_depth, 1, seed=0)
+    seq_len, reads = episode.input_ids.shape[1], episode.read_positions.numel()
     R = min(-(-t.train_depth // r.ops_per_iteration), r.max_iterations)
     for strategy, n, stage in PAPER_PARALLELISM_CANDIDATES:
         need = plan(backbone, strategy, n, R=R, grad_window=r.grad_window, micro_batch=tr.batch_size // n,
-                    seq_len=t.train_depth + 7, zero_stage=stage, dtype="bf16")
+                    seq_len=seq_len, read_positions=reads, zero_stage=stage, dtype="bf16")
         if need.fits(PAPER_GPU_MEMORY_GB * PAPER_HEADROOM):
             return {"train.strategy": strategy, "train.num_workers": n, "train.zero_stage": stage}
     raise ValueError(f"backbone.name: {backbone!r} fits none of {PAPER_PARALLELISM_CANDIDATES} on "
@@ -111,7 +122,7 @@ def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 
     if backbone not in BACKBONES:
         raise ValueError(f"backbone.name: {backbone!r} is not one of {sorted(BACKBONES)}")
     cfg = PRESETS[preset](backbone, task, seed)
-    return from_flat(paper_parallelism(backbone), base=cfg) if preset == "paper" else cfg
+    return from_flat(paper_parallelism(backbone, task), base=cfg) if preset == "paper" else cfg
 
 
 def smoke_overrides(cfg: TrialConfig) -> dict[str, object]:

@@ -1,5 +1,8 @@
-"""Tests of par_ray.tasks: each family against an independent reference (5×5 permutation matrices composed in a
-plain loop), determinism and stream independence, token layout, move sets, parity and chance levels."""
+"""Tests of par_ray.tasks: the permutation family against an independent reference (5×5 permutation matrices composed
+in a plain loop) with its token layout, move sets and parity; and, for every registered task, the shared layout
+conventions, determinism by (task, depth, seed, step), distinct streams, empirical chance levels (a random guesser
+over 10⁴ sequences within 3 σ), the registry and the paper depths. The other families' reference checkers are in
+tests/test_tasks_*.py."""
 
 from __future__ import annotations
 
@@ -9,9 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from par_ray.tasks import TASKS, Episode, Task, get_task
+from par_ray.tasks import PAPER_DEPTHS, TASKS, Episode, Task, get_task
 
 NAMES = ("swap_s5", "s5", "a5")
+"""The permutation word problems (permutations.py)."""
+ALL_NAMES = tuple(TASKS)
 
 
 def permutation_matrix(perm):
@@ -160,8 +165,11 @@ def test_sample_errors(kwargs, arg):
 
 
 def test_registry():
-    assert list(TASKS) == list(NAMES) and all(TASKS[n].name == n for n in NAMES)
-    with pytest.raises(ValueError, match=r"task.name: 'x' is not one of \['swap_s5', 's5', 'a5'\]"):
+    from par_ray.config import TASK_NAMES
+
+    assert ALL_NAMES == TASK_NAMES and all(TASKS[n].name == n for n in ALL_NAMES)
+    assert ALL_NAMES[:3] == NAMES
+    with pytest.raises(ValueError, match=r"task.name: 'x' is not one of \['swap_s5', 's5', 'a5', 'rule_table'"):
         get_task("x")
 
 
@@ -201,3 +209,124 @@ def test_train_filler_inserts_separators_on_training_prompts_only():
     assert seen == set(range(6))
     with pytest.raises(ValueError, match="task.train_filler: must be >= 0"):
         Filler(base, -1)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Every registered task: the conventions the training code relies on.
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+@pytest.mark.parametrize("depth", [1, 6])
+def test_every_task_keeps_the_layout_conventions(name, depth):
+    task = TASKS[name]
+    ep = task.sample(depth=depth, n=32, seed=1, step=2)
+    B, T = ep.input_ids.shape
+    Q = ep.read_positions.numel()
+    assert isinstance(task, Task) and ep.depth == depth and B == 32
+    assert ep.input_ids.dtype == ep.read_positions.dtype == ep.states.dtype == torch.int64
+    assert ep.read_positions.dim() == 1  # one set of read positions for the whole batch
+    assert ep.states.shape == (B, depth, Q)
+    assert task.num_queries in (Q, None)
+    assert (ep.input_ids[:, 0] == 0).all()
+    assert 0 <= int(ep.input_ids.min()) and int(ep.input_ids.max()) < task.vocab_size
+    assert 0 < int(ep.read_positions.min()) and int(ep.read_positions.max()) < T
+    assert torch.isin(ep.states, torch.tensor(task.answer_token_ids)).all()
+    assert max(task.answer_token_ids) < task.vocab_size <= 300  # small enough for the tiny shapes
+    if task.op_width is not None:  # serial layout: the separator right after the d operations
+        assert (ep.input_ids[:, depth * task.op_width + 1] == 1).all()
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_every_task_is_deterministic_and_streams_differ(name):
+    task = TASKS[name]
+    a, b = task.sample(depth=8, n=64, seed=0, step=2), get_task(name).sample(depth=8, n=64, seed=0, step=2)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.states, b.states)
+    assert torch.equal(a.read_positions, b.read_positions)
+    for other in (task.sample(8, 64, seed=1, step=2), task.sample(8, 64, seed=0, step=3), task.sample(8, 64, seed=0)):
+        assert not torch.equal(a.input_ids, other.input_ids)
+        assert not torch.equal(a.states, other.states)
+
+
+N_GUESSES = 10_000
+CHANCE_DEPTH = {"swap_s5": 32, "s5": 32, "a5": 32, "rule_table": 32, "object_tracking": 48, "parity": 16,
+                "addition": 4, "reachability": 8}
+"""Depths for the guesser test; addition's is small so that its full-state chance 2^-d is measurable."""
+
+
+def random_guess(task, ep, rng):
+    """A random guesser: a uniformly drawn valid state per sequence, (B, Q) token ids. For swap-S5 the valid states
+    are the 120 permutations; for every other task each query's answer is drawn uniformly from the answer tokens."""
+    B, _, Q = ep.states.shape
+    if task.name == "swap_s5":
+        return np.argsort(rng.random((B, 5)), axis=1) + task.answer_token_ids[0]
+    return rng.choice(np.array(task.answer_token_ids), size=(B, Q))
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_random_guesser_lands_within_three_sigma_of_chance(name):
+    task, depth = TASKS[name], CHANCE_DEPTH[name]
+    ep = task.sample(depth=depth, n=N_GUESSES, seed=7)
+    right_BQ = torch.from_numpy(random_guess(task, ep, np.random.default_rng(0))) == ep.states[:, -1, :]
+    # Per-query accuracy averaged over Q (possibly correlated) queries has variance <= p(1 - p) / N.
+    for measured, p in ((right_BQ.double().mean().item(), task.chance),
+                        (right_BQ.all(-1).double().mean().item(), task.full_state_chance_at(depth))):
+        sigma = (p * (1 - p) / N_GUESSES) ** 0.5
+        assert abs(measured - p) <= 3 * sigma, (measured, p, sigma)
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_no_constant_answer_beats_chance(name):
+    """Answers are (near) uniform at a mixing depth, so ``chance`` is not an underestimate: the best constant guess
+    of each query is within 4 points of it."""
+    task = TASKS[name]
+    depth = max(CHANCE_DEPTH[name], 8)  # addition: the carry digit is 1 with probability 1/2 - 2^-d
+    finals_BQ = task.sample(depth=depth, n=4096, seed=3).states[:, -1, :]
+    for q in range(finals_BQ.shape[1]):
+        best = torch.bincount(finals_BQ[:, q], minlength=task.vocab_size).max().item() / len(finals_BQ)
+        assert best - task.chance < 0.04, (q, best)
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_paper_depths_and_presets(name):
+    from par_ray import presets
+
+    depths = PAPER_DEPTHS[name]
+    assert 1 <= depths.min_train_depth <= depths.train_depth == depths.test_depths[0] and depths.source
+    assert list(depths.test_depths) == sorted(set(depths.test_depths))
+    assert TASKS[name].max_depth is None or depths.test_depths[-1] <= TASKS[name].max_depth
+    cfg = presets.paper_trial("qwen2.5-0.5b", name).validate()
+    assert (cfg.task.train_depth, cfg.task.min_train_depth, cfg.eval.depths) == (
+        depths.train_depth, depths.min_train_depth, depths.test_depths)
+    presets.local_trial("tiny-qwen2", name).validate()
+    TASKS[name].sample(depths.test_depths[-1], 2, seed=0)  # the deepest test depth can be generated
+
+
+def test_max_depth_is_enforced():
+    reach = TASKS["reachability"]
+    reach.sample(reach.max_depth, 1, seed=0)
+    with pytest.raises(ValueError, match=f"depth: {reach.max_depth + 1} exceeds this task's max_depth"):
+        reach.sample(reach.max_depth + 1, 1, seed=0)
+
+
+def test_serial_options_on_multi_token_operations_and_refused_without_a_serial_layout():
+    from par_ray.config import TaskConfig
+    from par_ray.tasks import Filler, RecentFirst, build_task
+
+    fwd = build_task(TaskConfig(name="object_tracking"))
+    rev = build_task(TaskConfig(name="object_tracking", op_order="recent_first"))
+    a, b = fwd.sample(5, 4, seed=2, step=1), rev.sample(5, 4, seed=2, step=1)
+    ops_a, ops_b = a.input_ids[:, 1:16].reshape(4, 5, 3), b.input_ids[:, 1:16].reshape(4, 5, 3)
+    assert torch.equal(ops_b, ops_a.flip(1))  # whole (VERB, arg, arg) blocks reversed, each kept in order
+    assert torch.equal(b.input_ids[:, 16:], a.input_ids[:, 16:]) and torch.equal(b.states, a.states)
+    filled = Filler(fwd, 3)
+    for step in range(12):
+        base, f_ep = fwd.sample(5, 4, seed=0, step=step), filled.sample(5, 4, seed=0, step=step)
+        f = f_ep.input_ids.shape[1] - base.input_ids.shape[1]
+        assert (f_ep.input_ids[:, 16 : 17 + f] == 1).all()  # the separator after 5 × 3 tokens, f more of them
+        assert torch.equal(f_ep.input_ids[:, 17 + f :], base.input_ids[:, 17:])
+        assert torch.equal(f_ep.read_positions, base.read_positions + f)
+    add = RecentFirst(TASKS["addition"])
+    assert add.full_state_chance_at(3) == TASKS["addition"].full_state_chance_at(3) == 1 / 8
+    for bad in (TaskConfig(name="reachability", op_order="recent_first"), TaskConfig(name="reachability",
+                                                                                        train_filler=2)):
+        with pytest.raises(ValueError, match="task 'reachability' has no serial"):
+            build_task(bad, train=True)

@@ -58,6 +58,23 @@ def make_rng(name: str, depth: int, seed: int, step: int) -> np.random.Generator
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([stable_hash(name), depth, seed, step])))
 
 
+@dataclass(frozen=True)
+class DepthPreset:
+    """Train and test depths of one task under a published protocol (``PAPER_DEPTHS`` of each task module).
+
+    ``presets.paper_trial`` reads it, so the paper preset of every task trains and tests at that task's depths.
+    """
+
+    train_depth: int
+    """d_train, the largest depth trained on."""
+    min_train_depth: int
+    """Smallest depth trained on."""
+    test_depths: tuple[int, ...]
+    """Test depths, increasing, each >= train_depth."""
+    source: str
+    """Where the numbers come from (paper and section), or why they were chosen."""
+
+
 class Task:
     """A sequential state-tracking task: a vocabulary, chance levels and a sampler of :class:`Episode` batches.
 
@@ -69,8 +86,8 @@ class Task:
     """Registry key, also part of the random-stream key."""
     vocab_size: int
     """Number of token ids the task uses (ids are 0..vocab_size-1); models use this as their vocabulary."""
-    num_queries: int
-    """Q, answers read per sequence."""
+    num_queries: int | None
+    """Q, answers read per sequence; ``None`` when Q depends on the depth (``read_positions`` then says how many)."""
     chance: float
     """Per-query accuracy of guessing."""
     full_state_chance: float
@@ -80,18 +97,30 @@ class Task:
     num_states: int = 0
     """Number of whole-task states that ``Episode.progress_ids`` indexes (0: the task defines none, so dense progress
     targets are unavailable)."""
+    op_width: int | None = None
+    """Tokens per operation when the prompt is serial — ``[BOS, op_1, …, op_d, SEP, …queries]`` with operation k at
+    positions 1 + (k-1)·w … k·w and the separator at d·w + 1 — which :class:`RecentFirst` and :class:`Filler`
+    require; ``None`` when the prompt has no such layout (they refuse the task)."""
+    max_depth: int | None = None
+    """Largest depth the task can generate (``None``: unbounded); :meth:`sample` rejects deeper requests."""
+
+    def full_state_chance_at(self, depth: int) -> float:
+        """Full-state chance at ``depth``: ``full_state_chance`` unless Q grows with the depth (then overridden)."""
+        return self.full_state_chance
 
     def sample(self, depth: int, n: int, seed: int, step: int = 0) -> Episode:
         """Draw ``n`` sequences of ``depth`` operations; a pure function of (name, depth, n, seed, step).
 
         Returns an :class:`Episode` with input_ids (n, T), read_positions (Q,), states (n, depth, Q).
-        Raises ``ValueError`` naming every bad argument: depth < 1, n < 1, seed < 0 or step < 0.
+        Raises ``ValueError`` naming every bad argument: depth < 1 (or > ``max_depth``), n < 1, seed < 0 or step < 0.
         """
         problems = [
             f"{arg}: {value!r} must be an int >= {low}"
             for arg, value, low in (("depth", depth, 1), ("n", n, 1), ("seed", seed, 0), ("step", step, 0))
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low
         ]
+        if self.max_depth is not None and not problems and depth > self.max_depth:
+            problems.append(f"depth: {depth!r} exceeds this task's max_depth={self.max_depth}")
         if problems:
             raise ValueError(f"{self.name}.sample: " + "; ".join(problems))
         return self.generate(make_rng(self.name, int(depth), int(seed), int(step)), int(depth), int(n))
@@ -104,6 +133,18 @@ class Task:
         return f"{type(self).__name__}({self.name!r}, vocab_size={self.vocab_size}, num_queries={self.num_queries})"
 
 
+def _serial_width(base: Task, option: str) -> int:
+    """``base.op_width``; raises ``ValueError`` naming ``option`` when the task has no serial layout."""
+    if base.op_width is None:
+        raise ValueError(f"{option}: task {base.name!r} has no serial [BOS, ops, SEP, queries] layout "
+                         f"(op_width is None); use it only with tasks that have one")
+    return base.op_width
+
+
+_COPIED = ("name", "vocab_size", "num_queries", "chance", "full_state_chance", "answer_token_ids", "op_width",
+           "max_depth", "num_states")
+
+
 class RecentFirst(Task):
     """The same task with the operations listed most recent first: ``[BOS, op_d, …, op_1, SEP, queries]``.
 
@@ -111,22 +152,32 @@ class RecentFirst(Task):
     serialisation changes. An option of this framework, not of the PAR paper (``TaskConfig.op_order``): with it, the
     state after the first k operations is the composition of the k operations *nearest* the queries, so a core that
     composes its state with the previous token's at every iteration (relative position −1, length-agnostic under
-    rotary embeddings) produces exactly the progress-aligned targets z_k. Requires the shared layout of
-    ``permutations.py`` (operations at positions 1..d).
+    rotary embeddings) produces exactly the progress-aligned targets z_k. Requires a serial layout
+    (``Task.op_width``): multi-token operations are reversed as whole blocks, their own tokens kept in order.
+    Raises ``ValueError`` for a task without one.
     """
 
     def __init__(self, base: Task):
         self.base = base
-        for attr in ("vocab_size", "num_queries", "chance", "full_state_chance", "answer_token_ids", "num_states"):
+        _serial_width(base, "task.op_order='recent_first'")
+        for attr in _COPIED:
             setattr(self, attr, getattr(base, attr))
-        self.name = base.name
+
+    def full_state_chance_at(self, depth: int) -> float:
+        return self.base.full_state_chance_at(depth)
 
     def sample(self, depth: int, n: int, seed: int, step: int = 0) -> Episode:
-        """The base task's batch with positions 1..d reversed; same shapes and states as ``base.sample``."""
+        """The base task's batch with the d operation blocks at positions 1..d·w reversed; same shapes and states
+        as ``base.sample``."""
         ep = self.base.sample(depth, n, seed, step)
+        w = self.op_width
         ids = ep.input_ids.clone()
-        ids[:, 1 : depth + 1] = ep.input_ids[:, 1 : depth + 1].flip(1)
-        op_positions = None if ep.op_positions is None else ep.op_positions.flip(0)  # op_k now sits at d + 1 - k
+        ops_BdW = ep.input_ids[:, 1 : depth * w + 1].reshape(-1, depth, w)
+        ids[:, 1 : depth * w + 1] = ops_BdW.flip(1).reshape(-1, depth * w)
+        op_positions = None
+        if ep.op_positions is not None:  # operation k keeps its offset o inside its block, the block moves to d-1-b
+            block, offset = (ep.op_positions - 1) // w, (ep.op_positions - 1) % w
+            op_positions = 1 + (depth - 1 - block) * w + offset
         return Episode(input_ids=ids, read_positions=ep.read_positions, states=ep.states, depth=ep.depth,
                        op_positions=op_positions, progress_ids=ep.progress_ids)
 
@@ -138,26 +189,30 @@ class Filler(Task):
     its own stream (a pure function of (name, depth, seed, step), like the batch itself); the read positions move by
     f, the answers are unchanged. A training-only option of this framework (``TaskConfig.train_filler``): with it,
     the distance from the queries to operation k varies, so a model cannot locate operation k by that distance — the
-    prompt-length failure of docs/experiments.md, experiment 5. Requires the shared layout of ``permutations.py``
-    (the separator at position d + 1).
+    prompt-length failure of docs/experiments.md, experiment 5. Requires a serial layout (``Task.op_width``: the
+    separator at position d·w + 1). Raises ``ValueError`` for ``max_filler < 0`` or a task without one.
     """
 
     def __init__(self, base: Task, max_filler: int):
         if max_filler < 0:
             raise ValueError(f"task.train_filler: must be >= 0, got {max_filler}")
+        _serial_width(base, "task.train_filler")
         self.base, self.max_filler = base, int(max_filler)
-        for attr in ("name", "vocab_size", "num_queries", "chance", "full_state_chance", "answer_token_ids",
-                     "num_states"):
+        for attr in _COPIED:
             setattr(self, attr, getattr(base, attr))
 
+    def full_state_chance_at(self, depth: int) -> float:
+        return self.base.full_state_chance_at(depth)
+
     def sample(self, depth: int, n: int, seed: int, step: int = 0) -> Episode:
-        """The base task's batch with f extra separators after position d: input_ids (n, T + f), read_positions
-        shifted by f, the same states."""
+        """The base task's batch with f extra separators after position d·w + 1: input_ids (n, T + f),
+        read_positions shifted by f, the same states."""
         ep = self.base.sample(depth, n, seed, step)
         f = int(make_rng(self.name + "/filler", depth, seed, step).integers(0, self.max_filler + 1))
         if f == 0:
             return ep
-        sep = ep.input_ids[:, depth + 1 : depth + 2]
-        ids = torch.cat([ep.input_ids[:, : depth + 2], sep.expand(-1, f), ep.input_ids[:, depth + 2 :]], dim=1)
+        sep_at = depth * self.op_width + 1
+        sep = ep.input_ids[:, sep_at : sep_at + 1]
+        ids = torch.cat([ep.input_ids[:, : sep_at + 1], sep.expand(-1, f), ep.input_ids[:, sep_at + 1 :]], dim=1)
         return Episode(input_ids=ids, read_positions=ep.read_positions + f, states=ep.states, depth=ep.depth,
                        op_positions=ep.op_positions, progress_ids=ep.progress_ids)

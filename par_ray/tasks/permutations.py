@@ -26,7 +26,7 @@ import itertools
 import numpy as np
 import torch
 
-from par_ray.tasks.common import BOS_ID, Episode, Task
+from par_ray.tasks.common import BOS_ID, DepthPreset, Episode, Task
 
 NUM_OBJECTS = 5
 SEP_ID = 1
@@ -62,6 +62,8 @@ class PermutationTask(Task):
     positions asked about. Raises ``ValueError`` if a move is not a permutation of range(5) or a query position is
     outside 0..4.
     """
+
+    op_width = 1  # one token per move: the serial layout RecentFirst and Filler rely on
 
     def __init__(
         self, name: str, moves: tuple[tuple[int, ...], ...], query_positions: tuple[int, ...], full_state_chance: float
@@ -133,3 +135,10 @@ A5 = PermutationTask(
     "a5", tuple(p for p in ALL_PERMUTATIONS if parity(p) == 0), query_positions=(0,), full_state_chance=1 / NUM_OBJECTS
 )
 """A5 word problem: the 60 even permutations as moves, one query (position 0)."""
+
+PAPER_DEPTHS = {
+    name: DepthPreset(train_depth=32, min_train_depth=1, test_depths=(32, 64, 128, 256, 512),
+                      source="PAR paper, task suite: train on 32 moves, test on 32…512 moves")
+    for name in ("swap_s5", "s5", "a5")
+}
+"""The paper's protocol for the permutation word problems (module docstring)."""
