@@ -9,7 +9,7 @@ line separates the two failures of docs/experiments.md, experiment 5: *prompt le
 k <= d_train / c already fail on the longer prompt) and *iteration count* (they hold, iterations past them do not).
 For models trained with dense progress targets it also reports the frontier after each iteration (the longest
 prefix of operation positions whose whole state is read right in >= 90 % of sequences) and its speed in operations
-per iteration (least-squares slope while the frontier is inside the prompt).
+per iteration (least-squares slope while the frontier advances, up to its first maximum).
 """
 
 import argparse
@@ -61,7 +61,7 @@ def main() -> None:
             print(f"\nat depth {d}: frontier (operations whose state is right in >= 90 % of sequences) per iteration")
             print("k:        " + " ".join(f"{k:>4}" for k in range(1, len(frontier) + 1)))
             print("frontier: " + " ".join(f"{f:>4}" for f in frontier))
-            print(f"frontier speed: {frontier_speed(frontier, d):.2f} operations per iteration (c = {c})")
+            print(f"frontier speed: {frontier_speed(frontier):.2f} operations per iteration (c = {c})")
             print(frontier_diagnosis(frontier, cfg.task.train_depth, c, d))
 
 
@@ -105,16 +105,14 @@ def frontier_by_iteration(model, ep, R: int, class_offset: int, ok: float = 0.9)
     return frontier
 
 
-def frontier_speed(frontier: list[int], depth: int) -> float:
-    """Least-squares slope of the frontier against the iteration while it is inside the prompt (0 < f < d)."""
-    pts = [(k, f) for k, f in enumerate(frontier, start=1) if 0 < f < depth]
+def frontier_speed(frontier: list[int]) -> float:
+    """Least-squares slope of the frontier against the iteration while it advances: from iteration 1 up to the first
+    iteration where it reaches its maximum (a frontier that stalls short of d is not averaged with its stall)."""
+    peak = frontier.index(max(frontier)) + 1
+    pts = [(k, f) for k, f in enumerate(frontier[:peak], start=1)]
     if len(pts) < 2:
         return float("nan")
     mk = sum(k for k, _ in pts) / len(pts)
     mf = sum(f for _, f in pts) / len(pts)
     var = sum((k - mk) ** 2 for k, _ in pts)
-    return sum((k - mk) * (f - mf) for k, f in pts) / var if var else float("nan")
-
-
-if __name__ == "__main__":
-    main()
+    return sum((k - mk) * (f - mf) for k, f in pts) / var
