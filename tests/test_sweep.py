@@ -302,3 +302,33 @@ def test_a_search_keeps_the_best_checkpoints_by_its_metric():
     assert run.checkpoint_score(plan) == ("G", "max")
     grid = sweep.build_plan(SweepSpec(name="x", seeds=(0,)), Options(smoke_test=True), "local")
     assert run.checkpoint_score(grid) is None
+
+
+def test_console_is_quiet_by_ray_knobs(monkeypatch):
+    """Tune's table reporter shows the grid's varying parameters; every worker gets the quiet environment (Train's
+    print patch off; on a new local cluster, no preemption watcher), without overriding what the user set."""
+    import ray
+
+    from par_ray.sweep import resources, run
+
+    grid = sweep.build_plan(_load(ROOT / "sweeps/backbone_scaling.py").SPEC, Options(smoke_test=True), "local")
+    reporter = run._reporter(grid)
+    assert reporter._parameter_columns == {"backbone.name": "backbone", "train.seed": "seed"}
+    assert list(reporter._metric_columns) == ["step", "loss", "G"]
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PRINT_PATCH", raising=False)
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's choice wins
+    resources.connect()
+    assert calls[-1]["address"] == "local" and calls[-1]["log_to_driver"]
+    assert calls[-1]["runtime_env"]["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    assert calls[-1]["runtime_env"]["worker_process_setup_hook"] is resources.quiet_worker_logging
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")
+    resources.connect()
+    assert calls[-1]["runtime_env"]["env_vars"]["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # a real cluster may be preempted: keep Train's watcher
+    resources.connect()
+    assert calls[-1]["runtime_env"]["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}

@@ -130,13 +130,46 @@ def ray_address() -> str:
         return "local"
 
 
-def connect() -> None:
-    """``ray.init`` at :func:`ray_address`, unless Ray is initialised already. Ray's own log lines at WARNING and
-    above only (the trials' output goes to their log files, see ``par_ray.sweep.run``)."""
+QUIET_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+"""Environment of every Ray worker of a sweep (``runtime_env``; a variable the user set wins). Train V2's print patch
+routes a worker's ``print`` through a logger that also echoes it, so each progress line would reach the console
+twice."""
+LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+"""Added on a local cluster this process starts: its machine is never drained for preemption, and Train's watcher
+actor logs a core-worker error line per trial ("constructor arguments in the object store and max_restarts > 0")."""
+
+
+def quiet_worker_logging() -> None:
+    """Ray ``worker_process_setup_hook`` of a sweep's workers: Ray Train V2 logs every report (its metrics and
+    checkpoint, ``Reporting training result N: TrainingReport(...)``) at INFO from a logger named by its file path, not
+    ``ray.train.*``, so the trial's ``LoggingConfig`` misses it; it still reaches Train's log files at WARNING."""
+    import logging
+
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:  # another Ray version: nothing to quiet
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
+def connect():
+    """``ray.init`` at :func:`ray_address`, unless Ray is initialised already (then ``None``; else the RayContext).
+
+    The console gets Ray's WARNING-and-above lines and what the trials' processes print (``log_to_driver``: the
+    training loop's progress lines, failures); Ray Train's INFO lines go to its log files only (the trial's
+    ``LoggingConfig``, ``par_ray.sweep.run``; :func:`quiet_worker_logging`). :data:`QUIET_ENV` (and
+    :data:`LOCAL_ENV` for a new local cluster) reach every worker through the job's ``runtime_env``.
+    """
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=ray_address(), logging_level="WARNING", log_to_driver=True, configure_logging=True)
+    if ray.is_initialized():
+        return None
+    address = ray_address()
+    env = {**QUIET_ENV, **(LOCAL_ENV if address == "local" else {})}
+    env = {k: v for k, v in env.items() if k not in os.environ}  # the user's (or the Ray job's) setting wins
+    runtime_env = {"worker_process_setup_hook": quiet_worker_logging, **({"env_vars": env} if env else {})}
+    return ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True,
+                    runtime_env=runtime_env)
 
 
 def cluster_has_gpu() -> bool:

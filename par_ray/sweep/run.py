@@ -11,8 +11,11 @@ reused on resume. Workers never log to MLflow. At the end: the trial counts (fin
 ASHA / unfinished), the parent run's status, and ``analysis.analyze`` on the parent run (accuracy by depth and G,
 mean ± std over seeds).
 
-Console output (:data:`QUIET_ENV`, ``verbose=1``): Tune's status table and one line per trial report; each trial's
-worker output, Train's result dumps and Ray's internal log lines stay in the trial and session log files.
+Console output: Tune's status table (its ``CLIReporter``: the varying parameters, step, loss, G and the search
+metric, every :data:`STATUS_EVERY_S`), the training loop's progress line at each report (rank 0), and worker
+failures (:func:`_failure_lines`). The rest goes to log files: each trial driver's output to
+``<tune trial dir>/stdout|stderr`` (``RunConfig(log_to_file=True)``), Ray Train's INFO lines (every report and
+checkpoint, worker-group starts) to the Ray session's ``logs/train/`` (``LoggingConfig``, ``resources.connect``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown
                                      print_plan, trial_resources)
 from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
                                 build_plan, count_trials, resolve, trial_label)
+
+STATUS_EVERY_S = 300
+"""Seconds between Tune's status tables (one also comes first and last); progress lines come at every report."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -44,10 +50,29 @@ def _trial_driver(params: dict, train_storage: str, train_max_failures: int,
     from par_ray.train.trainer import build_trainer
 
     cfg = resolve(params, extra_recipes)
-    trainer = build_trainer(cfg, name=f"trial_{ray.tune.get_context().get_trial_id()}", storage_path=train_storage,
-                            max_failures=train_max_failures, callbacks=[TuneReportCallback()],
-                            checkpoint_score=checkpoint_score)
+    name = f"trial_{ray.tune.get_context().get_trial_id()}"
+    trainer = build_trainer(cfg, name=name, storage_path=train_storage, max_failures=train_max_failures,
+                            callbacks=[TuneReportCallback(), _failure_lines(f"{name} ({trial_label(cfg)})")],
+                            checkpoint_score=checkpoint_score, log_level="WARNING")
     trainer.fit()
+
+
+def _failure_lines(trial: str):
+    """A Ray Train callback (it runs on the trial's Train controller, whose output reaches the console) that prints
+    one line per failed worker: Train's own account of a worker-group failure and restart is an INFO line, which the
+    sweep keeps off the console."""
+    from ray.train import UserCallback
+
+    class FailureLines(UserCallback):
+        def after_exception(self, run_context, worker_exceptions):
+            for rank, error in sorted(worker_exceptions.items()):
+                text = " ".join(str(error).split())
+                sys.stderr.write(f"{trial}: Train worker rank {rank} failed: {type(error).__name__}: {text[:1000]}; "
+                                 f"Train restarts the worker group from the latest checkpoint if its "
+                                 f"FailureConfig allows\n")
+            sys.stderr.flush()
+
+    return FailureLines()
 
 
 def _trial_dirname(trial) -> str:
@@ -85,6 +110,19 @@ def _make_callback(tracker, extra_recipes):
                                      "FAILED")
 
     return MLflowTrials(tracker, extra_recipes)
+
+
+def _reporter(plan: Plan):
+    """Tune's status table without per-trial config/result boxes: the legacy ``CLIReporter`` (``RAY_AIR_NEW_OUTPUT=0``
+    selects it; the new output engine prints a box per trial start and end at any verbosity above 0)."""
+    from ray.tune import CLIReporter
+
+    short = {"task.name": "task", "backbone.name": "backbone", "train.seed": "seed"}
+    varying = {k: short.get(k, k) for k, v in plan.param_space.items()
+               if not isinstance(v, (str, int, float, bool, type(None)))}  # grid / search dimensions
+    metrics = {k: k for k in ("step", "loss", "G", plan.metric) if k is not None}
+    return CLIReporter(metric_columns=metrics, parameter_columns=varying, max_report_frequency=STATUS_EVERY_S,
+                       print_intermediate_tables=True, metric=plan.metric, mode=plan.mode, max_column_length=24)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -125,7 +163,10 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
 
     from ray import tune
 
-    connect()
+    context = connect()
+    if context is not None:
+        print(f"Ray: Train's logs (each report, checkpoint and worker-group event) in "
+              f"{context.address_info['session_dir']}/logs/train", flush=True)
     if plan is None:
         plan = build_plan(spec, opts, "paper" if cluster_has_gpu() else "local")
     needs = [(trial_label(cfg), trial_resources(cfg, train_storage)) for _, cfg in plan.trials]
@@ -152,6 +193,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
                              extra_recipes=dict(spec.extra_recipes),
                              checkpoint_score=checkpoint_score(plan)),
         dict(DRIVER_RESOURCES))
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # see _reporter
     if opts.resume:
         tuner = tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True, resume_errored=True)
     else:
@@ -162,13 +204,18 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
             run_config=tune.RunConfig(
                 name=spec.name, storage_path=f"{storage}/tune",
                 failure_config=tune.FailureConfig(max_failures=spec.tune_max_failures),
-                callbacks=[_make_callback(tracker, dict(spec.extra_recipes))], verbose=1),
+                callbacks=[_make_callback(tracker, dict(spec.extra_recipes))], verbose=1,
+                progress_reporter=_reporter(plan), log_to_file=True),
         )
     try:
         results = tuner.fit()
     except BaseException:
         tracker.finish("KILLED")
         raise
+    if context is not None:  # a cluster this call connected to: flush the trials' last lines before the summary
+        import ray
+
+        ray.shutdown()
     return finish_sweep(results, plan, tracker, None if remote else f"{storage}/analysis")
 
 

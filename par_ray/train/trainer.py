@@ -110,7 +110,8 @@ def fault_injection_errors(cfg: TrialConfig, local: bool) -> list[str]:
 
 def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: bool = False,
                   max_failures: int = 0, callbacks: list | None = None,
-                  export_dir: str | None = None, checkpoint_score: tuple[str, str] | None = None) -> TorchTrainer:
+                  export_dir: str | None = None, checkpoint_score: tuple[str, str] | None = None,
+                  log_level: str = "INFO") -> TorchTrainer:
     """A ``TorchTrainer`` for ``cfg``; validates ``cfg`` first (before any cluster resource is claimed).
 
     Args:
@@ -124,6 +125,7 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
         checkpoint_score: (metric, "max" | "min"): keep the ``train.keep_checkpoints`` best checkpoints by this
             reported metric (plus the latest, which Ray always keeps); ``None``: keep the latest ones. The metric
             must be in every report that carries a checkpoint.
+        log_level: level of Ray Train's own log lines on the console (``LoggingConfig``); its log files keep all.
     Raises:
         ValueError: an invalid ``cfg``, or fault injection this run cannot honour (:func:`fault_injection_errors`).
     """
@@ -151,5 +153,6 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
                 checkpoint_score_attribute=checkpoint_score[0] if checkpoint_score else None,
                 checkpoint_score_order=checkpoint_score[1] if checkpoint_score else "max"),
             callbacks=callbacks,
+            logging_config=ray.train.LoggingConfig(log_level=log_level),
         ),
     )
