@@ -214,7 +214,7 @@ def print_plan(plan: Plan, train_storage: str) -> None:
     for i, (_, cfg) in enumerate(shown):
         tr = cfg.train
         try:
-            res = _reservation(trial_resources(cfg, train_storage))
+            res = reservation(trial_resources(cfg, train_storage))
         except Exception as e:  # noqa: BLE001 - a dry run reports what it cannot compute
             res = f"? ({type(e).__name__})"
         print(f"| {i} | {cfg.recipe.name} | {cfg.backbone.name} | {cfg.task.name} | {tr.seed} | {tr.strategy}"
@@ -226,7 +226,7 @@ def print_plan(plan: Plan, train_storage: str) -> None:
           f"GPU: the planner's peak of one training step (par_ray.planner), per worker.")
 
 
-def _reservation(need: typing.Mapping[str, float]) -> str:
+def reservation(need: typing.Mapping[str, float]) -> str:
     """``trial_resources`` as "<workers> (workers) + <driver RAM> (driver)"."""
     workers = {k: v - DRIVER_RESOURCES.get(k, 0.0) for k, v in need.items()}
     workers = {k: v for k, v in workers.items() if v > 1e-9}

@@ -25,8 +25,8 @@ import sys
 import typing
 
 from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, cluster_capacity, cluster_has_gpu,
-                                     connect, format_resources, local_preset_guess, max_concurrent_trials,
-                                     print_plan, trial_resources)
+                                     connect, local_preset_guess, max_concurrent_trials, print_plan, reservation,
+                                     trial_resources)
 from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
                                 build_plan, count_trials, resolve, trial_label)
 
@@ -180,7 +180,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
         concurrency = max_concurrent_trials(needs, cluster_capacity())
     largest = max((n for _, n in needs), key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)))
     print(f"sweep {spec.name}: preset {plan.preset}, {count_trials(plan)} trials, up to {concurrency} at once "
-          f"(largest trial: {format_resources(largest)}); storage {storage}", flush=True)
+          f"(largest trial: {reservation(largest)}); storage {storage}", flush=True)
 
     tracker = tracking.SweepTracker.open(
         spec.name, experiment_path, uri, params=_sweep_params(plan, opts),
