@@ -315,6 +315,9 @@ def test_console_is_quiet_by_ray_knobs(monkeypatch):
     reporter = run._reporter(grid)
     assert reporter._parameter_columns == {"backbone.name": "backbone", "train.seed": "seed"}
     assert list(reporter._metric_columns) == ["step", "loss", "G"]
+    search = run._reporter(_search_plan())
+    search.setup(metric="G", mode="max")  # what Tune does with TuneConfig's metric and mode: no conflict
+    assert list(search._metric_columns) == ["step", "loss", "G"] and "train.lr" in search._parameter_columns
 
     calls = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)

@@ -122,7 +122,7 @@ def _reporter(plan: Plan):
                if not isinstance(v, (str, int, float, bool, type(None)))}  # grid / search dimensions
     metrics = {k: k for k in ("step", "loss", "G", plan.metric) if k is not None}
     return CLIReporter(metric_columns=metrics, parameter_columns=varying, max_report_frequency=STATUS_EVERY_S,
-                       print_intermediate_tables=True, metric=plan.metric, mode=plan.mode, max_column_length=24)
+                       print_intermediate_tables=True, max_column_length=24)  # metric, mode: from TuneConfig
 
 
 # --------------------------------------------------------------------------------------------------------------------
