@@ -13,9 +13,10 @@ mean ± std over seeds).
 
 Console output: Tune's status table (its ``CLIReporter``: the varying parameters, step, loss, G and the search
 metric, every :data:`STATUS_EVERY_S`), the training loop's progress line at each report (rank 0), and worker
-failures (:func:`_failure_lines`). The rest goes to log files: each trial driver's output to
-``<tune trial dir>/stdout|stderr`` (``RunConfig(log_to_file=True)``), Ray Train's INFO lines (every report and
-checkpoint, worker-group starts) to the Ray session's ``logs/train/`` (``LoggingConfig``, ``resources.connect``).
+failures (:func:`_failure_lines`). The rest goes to log files in the Ray session directory: Ray Train's INFO lines
+(every report and checkpoint, worker-group starts) to ``logs/train/`` (``LoggingConfig``, ``resources.connect``),
+each trial driver's own output to its Tune working dir, ``artifacts/<run>/<sweep>/working_dirs/trial_<id>/stdout``
+and ``stderr`` (``RunConfig(log_to_file=True)``).
 """
 
 from __future__ import annotations
