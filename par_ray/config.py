@@ -144,6 +144,9 @@ class TrainConfig:
     """Report training metrics every this many steps."""
     checkpoint_every: int = 500
     """Checkpoint every this many steps (and at the end); 0 = only at the end."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk per run (Ray ``CheckpointConfig.num_to_keep``): the latest N, or in a search the N
+    best by the search metric; Ray always keeps the latest too (resume needs it). Older ones are deleted."""
     fail_at_step: int = -1
     """Fault injection for tests: worker rank 0 dies once when reaching this step (-1 = off)."""
 
@@ -251,6 +254,7 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     for name in ("eval_every", "report_every"):
         check(getattr(tr, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(tr, name)}")
     check(tr.checkpoint_every >= 0, "train.checkpoint_every", f"must be >= 0, got {tr.checkpoint_every}")
+    check(tr.keep_checkpoints >= 1, "train.keep_checkpoints", f"must be >= 1, got {tr.keep_checkpoints}")
 
     if not ev.depths or any(not isinstance(d, int) or d < 1 for d in ev.depths):
         errs.append(f"eval.depths: must be a non-empty list of positive integers, got {ev.depths!r}")

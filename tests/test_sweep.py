@@ -1,5 +1,6 @@
 """par_ray.sweep without a cluster: every shipped sweep grid is built and validated (STYLE rule 15), bad input gives
-one clear error naming the flag or field before Ray starts, concurrency from resources, the dry run, the summary."""
+one clear error naming the flag or field before Ray starts, concurrency from resources, the dry run, the summary,
+an interrupted search, a stale local-cluster address, checkpoint retention."""
 
 from __future__ import annotations
 
@@ -173,18 +174,6 @@ def test_dry_run_paper_prints_the_plan_without_a_gpu():
     assert "32,64,128,256,512" in rows[0]
 
 
-def test_summary_table_is_mean_and_std_over_seeds():
-    rows = [{"task": "swap_s5", "recipe": "par", "backbone": b, "seed": s, "G": g, "G_censored": c,
-             "acc_d8": a8, "acc_d16": a16}
-            for b, s, g, c, a8, a16 in [("tiny-qwen2", 0, 2.0, 0.0, 1.0, 0.5), ("tiny-qwen2", 1, 4.0, 0.0, 0.8, 0.7),
-                                        ("tiny-qwen3", 0, 8.0, 1.0, 1.0, 1.0)]]
-    text = sweep.format_summary(sweep.summary_frame(rows), (8, 16), 8)
-    lines = text.splitlines()
-    assert lines[0] == "| task | recipe | backbone | seeds | d=8 (1×) | d=16 (2×) | G |"
-    assert lines[2] == "| swap_s5 | par | tiny-qwen2 | 2 | 90.0 ± 14.1 | 60.0 ± 14.1 | 3.00 ± 1.41 |"
-    assert lines[3] == "| swap_s5 | par | tiny-qwen3 | 1 | 100.0 | 100.0 | ≥ 8.00 |"
-
-
 def test_summary_counts_finished_failed_and_interrupted_trials(capsys):
     from types import SimpleNamespace as R
 
@@ -199,3 +188,150 @@ def test_summary_counts_finished_failed_and_interrupted_trials(capsys):
     assert rows == [{"task": "swap_s5", "recipe": "par", "backbone": c0.backbone.name, "seed": 0, "G": 2.0,
                      "G_censored": 0.0, f"acc_d{d1}": 1.0, f"acc_d{d2}": 0.4}]
     assert "trials: 1 finished, 2 unfinished, 1 failed" in capsys.readouterr().out
+
+
+def _search_plan():
+    space = {"train.lr": __import__("ray").tune.loguniform(1e-4, 1e-3)}
+    spec = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, search=Search(space=space))
+    return sweep.build_plan(spec, Options(smoke_test=True), "local")
+
+
+class _Tracker:
+    """What ``finish_sweep`` asks of ``tracking.SweepTracker``, recorded."""
+
+    parent_run_id, uri = "parent", "sqlite:///nowhere.db"
+
+    def __init__(self):
+        self.status, self.closed = None, None
+
+    def close_open_trials(self, status):
+        self.closed = status
+
+    def finish(self, status):
+        self.status = status
+
+
+def test_interrupted_search_is_unfinished_killed_and_exits_nonzero(capsys, monkeypatch):
+    """Ctrl-C after 2 of 6 trials: Tune returns (no exception) with 2 finished, 1 running (interrupted, its last
+    result not ``done``), 1 stopped by ASHA (``done``) and 2 never started (a result holding only the trial id)."""
+    from types import SimpleNamespace as R
+
+    from par_ray.sweep import run
+
+    monkeypatch.setattr(run, "_run_analysis", lambda *a: False)
+    plan = _search_plan()
+    params = plan.trials[0][0]
+    steps = plan.trials[0][1].train.steps
+    done = {"step": steps, "G": 2.0, "done": True, "trial_id": "a"}
+    results = [R(metrics=done, config=params, error=None), R(metrics=dict(done, trial_id="b"), config=params,
+                                                              error=None),
+               R(metrics={"step": 2, "G": 1.0, "done": False, "trial_id": "c"}, config=params, error=None),
+               R(metrics={"step": 2, "G": 1.0, "done": True, "trial_id": "d"}, config=params, error=None),
+               R(metrics={"trial_id": "e"}, config=params, error=None), R(metrics={"trial_id": "f"}, config={},
+                                                                          error=None)]
+    outcomes = [sweep.trial_outcome(r, plan) for r in results]
+    assert outcomes == ["finished", "finished", "unfinished", "stopped early", "unfinished", "unfinished"]
+    tracker = _Tracker()
+    assert run.finish_sweep(_Results(results), plan, tracker, None) == 1
+    assert (tracker.status, tracker.closed) == ("KILLED", "KILLED")
+    out, err = capsys.readouterr()
+    assert "trials: 2 finished, 3 unfinished, 1 stopped early" in out
+    assert "rerun with --resume" in err
+
+    # the same search run to its end: ASHA's stops are not failures
+    tracker = _Tracker()
+    assert run.finish_sweep(_Results([results[0], results[3]]), plan, tracker, None) == 0
+    assert tracker.status == "FINISHED"
+    assert "--resume" not in capsys.readouterr().err
+
+
+class _Results(list):
+    """A ``ResultGrid`` stand-in: iterable, and no best result to print."""
+
+    def get_best_result(self, **kwargs):
+        return None
+
+
+def test_stale_local_cluster_address_starts_a_new_local_cluster(tmp_path, monkeypatch, capsys):
+    """A ``ray_current_cluster`` file naming a head that died: a new local cluster, and a message naming the stale
+    address and how to clear it (``ray.init()`` would retry "Failed to connect to GCS" forever)."""
+    import socket
+
+    from par_ray.sweep import ray_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # Ray's temp root: the file is <RAY_TMPDIR>/ray/ray_current_cluster
+    assert ray_address() == "local"  # no file
+    (tmp_path / "ray").mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: nothing answers there
+        (tmp_path / "ray" / "ray_current_cluster").write_text(dead)
+        assert ray_address() == "local"
+    err = capsys.readouterr().err
+    assert dead in err and "ray stop" in err and str(tmp_path / "ray" / "ray_current_cluster") in err
+    with socket.socket() as s:  # a head that answers is used, as ray.init() would
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        live = f"127.0.0.1:{s.getsockname()[1]}"
+        (tmp_path / "ray" / "ray_current_cluster").write_text(live)
+        assert ray_address() == live
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert ray_address() == "ray://head:10001"  # an explicit address is never second-guessed
+
+
+def test_checkpoint_retention_is_a_validated_config_field():
+    from par_ray.config import TrialConfig, from_flat
+    from par_ray.train.trainer import build_trainer
+
+    cfg = from_flat({"train.keep_checkpoints": 3}, base=TrialConfig())
+    assert cfg.validate().train.keep_checkpoints == 3 and TrialConfig().train.keep_checkpoints == 2
+    with pytest.raises(ValueError, match=r"train\.keep_checkpoints: must be >= 1, got 0"):
+        from_flat({"train.keep_checkpoints": 0}, base=TrialConfig()).validate()
+    keep = build_trainer(cfg, "x", "/tmp/unused").run_config.checkpoint_config
+    assert (keep.num_to_keep, keep.checkpoint_score_attribute) == (3, None)  # a grid: the latest 3
+    best = build_trainer(cfg, "x", "/tmp/unused", checkpoint_score=("G", "max")).run_config.checkpoint_config
+    assert (best.num_to_keep, best.checkpoint_score_attribute, best.checkpoint_score_order) == (3, "G", "max")
+
+
+def test_a_search_keeps_the_best_checkpoints_by_its_metric():
+    from par_ray.sweep import run
+
+    plan = _search_plan()
+    assert (plan.metric, plan.mode) == ("G", "max")
+    assert run.checkpoint_score(plan) == ("G", "max")
+    grid = sweep.build_plan(SweepSpec(name="x", seeds=(0,)), Options(smoke_test=True), "local")
+    assert run.checkpoint_score(grid) is None
+
+
+def test_console_is_quiet_by_ray_knobs(monkeypatch):
+    """Tune's table reporter shows the grid's varying parameters; every worker gets the quiet environment (Train's
+    print patch off; on a new local cluster, no preemption watcher), without overriding what the user set."""
+    import ray
+
+    from par_ray.sweep import resources, run
+
+    grid = sweep.build_plan(_load(ROOT / "sweeps/backbone_scaling.py").SPEC, Options(smoke_test=True), "local")
+    reporter = run._reporter(grid)
+    assert reporter._parameter_columns == {"backbone.name": "backbone", "train.seed": "seed"}
+    assert list(reporter._metric_columns) == ["step", "loss", "G"]
+    search = run._reporter(_search_plan())
+    search.setup(metric="G", mode="max")  # what Tune does with TuneConfig's metric and mode: no conflict
+    assert list(search._metric_columns) == ["step", "loss", "G"] and "train.lr" in search._parameter_columns
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PRINT_PATCH", raising=False)
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's choice wins
+    resources.connect()
+    assert calls[-1]["address"] == "local" and calls[-1]["log_to_driver"]
+    assert calls[-1]["runtime_env"]["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    assert calls[-1]["runtime_env"]["worker_process_setup_hook"] is resources.quiet_worker_logging
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")
+    resources.connect()
+    assert calls[-1]["runtime_env"]["env_vars"]["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # a real cluster may be preempted: keep Train's watcher
+    resources.connect()
+    assert calls[-1]["runtime_env"]["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}

@@ -110,7 +110,8 @@ def fault_injection_errors(cfg: TrialConfig, local: bool) -> list[str]:
 
 def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: bool = False,
                   max_failures: int = 0, callbacks: list | None = None,
-                  export_dir: str | None = None) -> TorchTrainer:
+                  export_dir: str | None = None, checkpoint_score: tuple[str, str] | None = None,
+                  log_level: str = "INFO") -> TorchTrainer:
     """A ``TorchTrainer`` for ``cfg``; validates ``cfg`` first (before any cluster resource is claimed).
 
     Args:
@@ -121,6 +122,10 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
         max_failures: worker-group restarts from the latest checkpoint (``FailureConfig``).
         callbacks: Ray Train ``UserCallback``s (run on the controller).
         export_dir: also write the final model/optimizer state there (local mode keeps no checkpoint files).
+        checkpoint_score: (metric, "max" | "min"): keep the ``train.keep_checkpoints`` best checkpoints by this
+            reported metric (plus the latest, which Ray always keeps); ``None``: keep the latest ones. The metric
+            must be in every report that carries a checkpoint.
+        log_level: level of Ray Train's own log lines on the console (``LoggingConfig``); its log files keep all.
     Raises:
         ValueError: an invalid ``cfg``, or fault injection this run cannot honour (:func:`fault_injection_errors`).
     """
@@ -143,7 +148,11 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
             name=name or run_name(cfg),
             storage_path=storage_path,
             failure_config=ray.train.FailureConfig(max_failures=max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=tc.keep_checkpoints,
+                checkpoint_score_attribute=checkpoint_score[0] if checkpoint_score else None,
+                checkpoint_score_order=checkpoint_score[1] if checkpoint_score else "max"),
             callbacks=callbacks,
+            logging_config=ray.train.LoggingConfig(log_level=log_level),
         ),
     )

@@ -1,0 +1,72 @@
+"""The command line every ``sweeps/*.py`` script shares: flags → :class:`~par_ray.sweep.spec.Options` → run.
+
+Bad input exits with status 2 and one line naming the flag (argparse) or the field (:class:`SweepConfigError`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+
+from par_ray.model.backbones import BACKBONES
+from par_ray.sweep.run import run_sweep
+from par_ray.sweep.spec import DEFAULT_STORAGE, PRESET_CHOICES, Options, SweepConfigError, SweepSpec
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 0,1,2, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"seeds must be >= 0, got {text!r}")
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"duplicate seeds in {text!r}")
+    return values
+
+
+def _backbones(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [n for n in names if n not in BACKBONES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown backbone(s) {unknown or [text]}; choose from {sorted(BACKBONES)}")
+    return names
+
+
+def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Options:
+    """The common flags; argparse exits with status 2 and one line naming the bad flag."""
+    p = argparse.ArgumentParser(prog=f"python sweeps/{spec.name}.py", description=spec.description)
+    p.add_argument("--preset", choices=PRESET_CHOICES, default="auto",
+                   help="auto (default): paper if the Ray cluster has a GPU, else local")
+    p.add_argument("--seeds", type=_ints, default=None, help=f"comma-separated seeds (default {spec.seeds})")
+    p.add_argument("--backbones", type=_backbones, default=None,
+                   help="comma-separated backbone names (default: the preset's)")
+    p.add_argument("--storage", default=None,
+                   help=f"directory or bucket URI for Tune/Train results, the default MLflow store and the analysis "
+                        f"(default {DEFAULT_STORAGE.format(name=spec.name)})")
+    p.add_argument("--mlflow-uri", default=None,
+                   help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<storage>/mlflow.db)")
+    p.add_argument("--dry-run", action="store_true", help="print the trials and resources, then exit")
+    p.add_argument("--resume", action="store_true", help="continue the sweep stored under --storage")
+    p.add_argument("--smoke-test", action="store_true", help="a few steps per trial, tiny evaluation")
+    if spec.search is not None:
+        p.add_argument("--metric", default=None,
+                       help=f"metric to optimize (default {spec.search.metric}): G, acc_longest, acc_d<D>, loss …")
+        p.add_argument("--num-samples", type=int, default=None, help=f"trials (default {spec.search.num_samples})")
+    a = p.parse_args(argv)
+    if getattr(a, "num_samples", None) is not None and a.num_samples < 1:
+        p.error(f"argument --num-samples: must be >= 1, got {a.num_samples}")
+    return Options(preset=a.preset, seeds=a.seeds, backbones=a.backbones, storage=a.storage, mlflow_uri=a.mlflow_uri,
+                   dry_run=a.dry_run, resume=a.resume, smoke_test=a.smoke_test, metric=getattr(a, "metric", None),
+                   num_samples=getattr(a, "num_samples", None))
+
+
+def main(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> int:
+    """Entry point of a ``sweeps/*.py`` script: parse the common flags, run; bad input → one line, exit status 2."""
+    opts = parse_args(spec, argv)
+    try:
+        return run_sweep(spec, opts)
+    except SweepConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

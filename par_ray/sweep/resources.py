@@ -1,0 +1,266 @@
+"""Cluster resources: connecting to Ray, what each trial holds, how many trials run at once, and the dry run's table.
+
+A trial holds its Train workers (from the ``TorchTrainer`` that ``par_ray.train.trainer.build_trainer`` makes) plus a
+driver that reserves memory, not CPU (:data:`DRIVER_RESOURCES`). ``max_concurrent_trials`` comes from the cluster's
+resources and the largest trial's need, so trials never wait on each other for workers. :func:`connect` joins
+``RAY_ADDRESS``, a running local cluster (``ray start --head``), or starts a new local one; a stale
+``ray_current_cluster`` file left by a head that died is reported and skipped, never retried forever.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import typing
+
+from par_ray.config import TrialConfig
+from par_ray.sweep.spec import Plan, SweepConfigError, domain_ends
+
+DRIVER_RESOURCES = {"CPU": 0.0, "memory": 512 * 2**20}
+"""What a trial's driver (a Tune actor that only waits on its TorchTrainer) reserves. Memory, not a CPU sliver: on a
+2-core machine a 0.01-CPU driver plus a 1-CPU worker would let only one trial run at a time."""
+GCS_PROBE_TIMEOUT_S = 2.0
+"""How long :func:`ray_address` waits for the head named in ``ray_current_cluster`` to accept a connection."""
+
+
+def trial_resources(cfg: TrialConfig, storage: str) -> dict[str, float]:
+    """Cluster resources one trial holds: its Train workers (from the trainer ``build_trainer`` makes) + its driver."""
+    from par_ray.train.trainer import build_trainer
+
+    need = dict(build_trainer(cfg, "resources", storage_path=storage).scaling_config.total_resources)
+    for k, v in DRIVER_RESOURCES.items():
+        need[k] = need.get(k, 0.0) + v
+    return {k: float(v) for k, v in need.items() if v}
+
+
+def max_concurrent_trials(needs: list[tuple[str, dict[str, float]]], cluster: typing.Mapping[str, float]) -> int:
+    """How many of the largest trials fit the cluster at once. ``needs``: (label, resources) per trial.
+
+    Raises :class:`SweepConfigError` listing the trials that cannot fit at all (they would wait forever).
+    """
+    too_big = sorted({f"{label} needs {format_resources(need)}" for label, need in needs
+                      if any(cluster.get(k, 0.0) + 1e-9 < v for k, v in need.items())})
+    if too_big:
+        raise SweepConfigError(f"the Ray cluster ({format_resources(cluster)}) cannot fit these trials: " + "; ".join(too_big)
+                               + ". Choose smaller --backbones, --preset local, or add nodes.")
+    largest: dict[str, float] = {}
+    for _, need in needs:
+        for k, v in need.items():
+            largest[k] = max(largest.get(k, 0.0), v)
+    return max(1, min(int(cluster.get(k, 0.0) // v) for k, v in largest.items() if v > 0))
+
+
+def cluster_capacity() -> dict[str, float]:
+    """The connected cluster's resources: the larger of what it has now and what its autoscaler may add."""
+    import ray
+
+    now = {k: float(v) for k, v in ray.cluster_resources().items()}
+    try:  # the autoscaler's node-group limits, as Ray Train reads them (ray.train.v2 worker_group.py)
+        from ray._private.state import state
+
+        most = state.get_max_resources_from_cluster_config() or {}
+    except Exception:  # noqa: BLE001 - no autoscaler config: a fixed cluster
+        most = {}
+    return {k: max(now.get(k, 0.0), float(most.get(k, 0) or 0)) for k in set(now) | set(most)}
+
+
+def autoscaler_limits_unknown() -> bool:
+    """Whether an autoscaler may add nodes to the connected cluster without Ray publishing how many.
+
+    :func:`cluster_capacity` then sees only the nodes running now (a CPU-0 head before any worker starts): in Ray
+    2.60 neither the v1 autoscaler (``ray up``, ``ray start --autoscaling-config``) nor v2 (KubeRay) writes the
+    cluster config that ``get_max_resources_from_cluster_config`` reads. v1 is recognised by its status in the GCS
+    (what ``ray status`` prints), which maps nodes to the node types of its config; the read-only monitor of a fixed
+    cluster names each node ``node_<id>`` instead.
+    """
+    import json
+
+    from ray._private import ray_constants
+    from ray._private.state import state
+    from ray.autoscaler.v2.utils import is_autoscaler_v2
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    try:
+        if state.get_max_resources_from_cluster_config():
+            return False
+        if is_autoscaler_v2(fetch_from_server=True):
+            return True
+        status = json.loads(_internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS) or b"{}")
+    except Exception:  # noqa: BLE001 - no autoscaler state to read: a fixed cluster
+        return False
+    mapping = (status.get("autoscaler_report") or {}).get("node_type_mapping") or {}
+    return any(node_type != f"node_{node_id}" for node_id, node_type in mapping.items())
+
+
+def format_resources(resources: typing.Mapping[str, float]) -> str:
+    keys = [k for k in ("CPU", "GPU", "memory") if k in resources]
+    return ", ".join(f"{resources[k] / 2**30:.1f} GiB memory" if k == "memory" else f"{resources[k]:g} {k}"
+                     for k in keys) or "nothing"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Connecting to the cluster
+
+def ray_address() -> str:
+    """The address :func:`connect` gives ``ray.init``: ``RAY_ADDRESS`` if set; else the cluster named in Ray's
+    ``ray_current_cluster`` file (written by ``ray start --head``) if its head answers; else ``"local"`` (a new
+    local cluster).
+
+    A head that died leaves that file behind, and ``ray.init()`` would retry "Failed to connect to GCS" at its
+    address without end. So the address is probed first (a TCP connect, :data:`GCS_PROBE_TIMEOUT_S`); a dead one is
+    named on stderr with how to clear it, and a new local cluster is started instead.
+    """
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    from ray._common.utils import get_ray_address_file
+    from ray._private.utils import read_ray_address
+
+    address = read_ray_address()
+    if not address:
+        return "local"
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=GCS_PROBE_TIMEOUT_S):
+            return address
+    except (OSError, ValueError):
+        print(f"warning: {get_ray_address_file(None)} names a Ray cluster at {address} that does not answer (a head "
+              f"that stopped without `ray stop`); starting a new local cluster instead. To clear it: `ray stop` "
+              f"(or delete that file); to use a cluster, set RAY_ADDRESS", file=sys.stderr, flush=True)
+        return "local"
+
+
+QUIET_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+"""Environment of every Ray worker of a sweep (``runtime_env``; a variable the user set wins). Train V2's print patch
+routes a worker's ``print`` through a logger that also echoes it, so each progress line would reach the console
+twice."""
+LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+"""Added on a local cluster this process starts: its machine is never drained for preemption, and Train's watcher
+actor logs a core-worker error line per trial ("constructor arguments in the object store and max_restarts > 0")."""
+
+
+def quiet_worker_logging() -> None:
+    """Ray ``worker_process_setup_hook`` of a sweep's workers: Ray Train V2 logs every report (its metrics and
+    checkpoint, ``Reporting training result N: TrainingReport(...)``) at INFO from a logger named by its file path, not
+    ``ray.train.*``, so the trial's ``LoggingConfig`` misses it; it still reaches Train's log files at WARNING."""
+    import logging
+
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:  # another Ray version: nothing to quiet
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
+def connect():
+    """``ray.init`` at :func:`ray_address`, unless Ray is initialised already (then ``None``; else the RayContext).
+
+    The console gets Ray's WARNING-and-above lines and what the trials' processes print (``log_to_driver``: the
+    training loop's progress lines, failures); Ray Train's INFO lines go to its log files only (the trial's
+    ``LoggingConfig``, ``par_ray.sweep.run``; :func:`quiet_worker_logging`). :data:`QUIET_ENV` (and
+    :data:`LOCAL_ENV` for a new local cluster) reach every worker through the job's ``runtime_env``.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return None
+    address = ray_address()
+    env = {**QUIET_ENV, **(LOCAL_ENV if address == "local" else {})}
+    env = {k: v for k, v in env.items() if k not in os.environ}  # the user's (or the Ray job's) setting wins
+    runtime_env = {"worker_process_setup_hook": quiet_worker_logging, **({"env_vars": env} if env else {})}
+    return ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True,
+                    runtime_env=runtime_env)
+
+
+def cluster_has_gpu() -> bool:
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def local_preset_guess() -> str:
+    """``auto`` for a dry run, without starting Ray: what a new local cluster would choose (or RAY_ADDRESS's)."""
+    if os.environ.get("RAY_ADDRESS", "local") != "local":  # an existing cluster: ask it (connecting claims nothing)
+        connect()
+        return "paper" if cluster_has_gpu() else "local"
+    try:
+        import torch
+
+        return "paper" if torch.cuda.is_available() else "local"
+    except Exception:  # noqa: BLE001 - no torch CUDA runtime means no GPU
+        return "local"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The dry run: each trial's reservation and the planner's memory per GPU
+
+def print_plan(plan: Plan, train_storage: str) -> None:
+    """``--dry-run``: the trials, what Ray reserves for each (its Train workers + its driver) and the planner's peak
+    memory per GPU of one training step (the trial's memory); starts nothing."""
+    print(f"sweep {plan.spec.name}: {plan.spec.description or 'no description'}")
+    shown = plan.trials
+    if plan.search is None:
+        print(f"preset {plan.preset}: {len(plan.trials)} trials (grid: recipes × tasks × backbones × seeds)")
+    else:
+        first = {k: domain_ends(k, d)[0] for k, d in plan.search.space.items()}
+        shown = [(p, c) for p, c in plan.trials if all(p.get(k) == v for k, v in first.items())]
+        print(f"preset {plan.preset}: Optuna + ASHA on {plan.metric} ({plan.mode}), {plan.search.num_samples} trials "
+              f"over {len(shown)} grid point(s); search space:")
+        for k, d in plan.search.space.items():
+            print(f"  {k}: {_describe_domain(d)}")
+    print("| # | recipe | backbone | task | seed | strategy | GPUs/workers | Ray reservation (Train workers + trial "
+          "driver) | steps | d_train | test depths | trial memory per GPU (planner) |")
+    print("|---:|---|---|---|---:|---|---:|---|---:|---:|---|---|")
+    for i, (_, cfg) in enumerate(shown):
+        tr = cfg.train
+        try:
+            res = reservation(trial_resources(cfg, train_storage))
+        except Exception as e:  # noqa: BLE001 - a dry run reports what it cannot compute
+            res = f"? ({type(e).__name__})"
+        print(f"| {i} | {cfg.recipe.name} | {cfg.backbone.name} | {cfg.task.name} | {tr.seed} | {tr.strategy}"
+              f"{f' ZeRO-{tr.zero_stage}' if tr.strategy == 'deepspeed' else ''} | {tr.num_workers} | {res} | "
+              f"{tr.steps} | {cfg.task.train_depth} | {','.join(map(str, cfg.eval.depths))} | "
+              f"{_memory_estimate(cfg)} |")
+    print(f"Ray reservation: the trial's Train workers, plus {DRIVER_RESOURCES['memory'] / 2**30:g} GiB of host RAM "
+          f"for its driver (the Tune actor that waits on the TorchTrainer), not the trial's memory. Trial memory per "
+          f"GPU: the planner's peak of one training step (par_ray.planner), per worker.")
+
+
+def reservation(need: typing.Mapping[str, float]) -> str:
+    """``trial_resources`` as "<workers> (workers) + <driver RAM> (driver)"."""
+    workers = {k: v - DRIVER_RESOURCES.get(k, 0.0) for k, v in need.items()}
+    workers = {k: v for k, v in workers.items() if v > 1e-9}
+    return (f"{format_resources(workers)} (workers) + {DRIVER_RESOURCES['memory'] / 2**30:g} GiB host RAM "
+            f"(driver)")
+
+
+def _describe_domain(domain: typing.Any) -> str:
+    from ray.tune.search.sample import Categorical
+
+    if isinstance(domain, Categorical):
+        return "choice " + str(list(domain.categories))
+    sampler = type(domain.get_sampler()).__name__.lower().replace("_", "")
+    return f"{sampler} [{domain.lower}, {domain.upper}]"
+
+
+def _memory_estimate(cfg: TrialConfig) -> str:
+    """Peak memory per GPU of one training step from ``par_ray.planner`` at the largest train depth."""
+    try:
+        from par_ray.planner import plan as plan_memory
+        from par_ray.tasks import get_task
+
+        task, tr, rc = get_task(cfg.task.name), cfg.train, cfg.recipe
+        episode = task.sample(cfg.task.train_depth, 1, seed=0)
+        R = rc.max_iterations if rc.depth_schedule == "hold" or not rc.tied else -(-cfg.task.train_depth
+                                                                                  // rc.ops_per_iteration)
+        estimate = plan_memory(
+            cfg.backbone.name, tr.strategy, tr.num_workers, R=min(R, rc.max_iterations), grad_window=rc.grad_window,
+            micro_batch=tr.batch_size // tr.num_workers, seq_len=int(episode.input_ids.shape[1]),
+            zero_stage=tr.zero_stage, offload=tr.zero_offload, dtype="bf16" if tr.use_gpu else "fp32",
+            read_positions=int(episode.read_positions.numel()), split=cfg.backbone.split, tied=rc.tied,
+            untied_copies=rc.max_iterations, anchoring=rc.anchoring,
+            vocab_size=None if cfg.backbone.pretrained else task.vocab_size)  # checkpoints keep their vocabulary
+    except Exception as e:  # noqa: BLE001 - the planner is optional for a dry run; say why it is missing
+        return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
+    return f"{estimate.total / 1e9:.2f} GB ({estimate.peak_phase})"
+

@@ -1,0 +1,369 @@
+"""Running a sweep: Tune over Train V2, the MLflow callback, restore, and the end-of-sweep outcome.
+
+Tune over Train V2 (ray doc/source/train/doc_code/train_tune_interop.py): each trial runs a driver function that
+builds the trial's ``TorchTrainer`` with a deterministic name ``trial_<trial id>`` and ``TuneReportCallback()``;
+``FailureConfig`` at both levels (Tune restarts a trial's driver; Train restarts its workers from the latest
+checkpoint). ``--resume`` = ``Tuner.restore``: finished trials are kept, unfinished and errored ones continue from
+their Train checkpoints.
+
+MLflow (``par_ray.tracking``) from a Tune callback on the sweep driver: a parent run per sweep, a child run per trial,
+reused on resume. Workers never log to MLflow. At the end: the trial counts (finished / failed / stopped early by
+ASHA / unfinished), the parent run's status, and ``analysis.analyze`` on the parent run (accuracy by depth and G,
+mean ± std over seeds).
+
+Console output: Tune's status table (its ``CLIReporter``: the varying parameters, step, loss, G and the search
+metric, every :data:`STATUS_EVERY_S`), the training loop's progress line at each report (rank 0), and worker
+failures (:func:`_failure_lines`). The rest goes to log files in the Ray session directory: Ray Train's INFO lines
+(every report and checkpoint, worker-group starts) to ``logs/train/`` (``LoggingConfig``, ``resources.connect``),
+each trial driver's own output to its Tune working dir, ``artifacts/<run>/<sweep>/working_dirs/trial_<id>/stdout``
+and ``stderr`` (``RunConfig(log_to_file=True)``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import typing
+
+from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, cluster_capacity, cluster_has_gpu,
+                                     connect, local_preset_guess, max_concurrent_trials, print_plan, reservation,
+                                     trial_resources)
+from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
+                                build_plan, count_trials, resolve, trial_label)
+
+STATUS_EVERY_S = 300
+"""Seconds between Tune's status tables (one also comes first and last); progress lines come at every report."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Tune: the per-trial driver and the MLflow callback
+
+def _trial_driver(params: dict, train_storage: str, train_max_failures: int,
+                  extra_recipes: typing.Mapping[str, Recipe] | None = None,
+                  checkpoint_score: tuple[str, str] | None = None) -> None:
+    """One trial (a Tune function trainable): build this trial's TorchTrainer and fit it; Train reports reach Tune.
+
+    ``checkpoint_score``: (search metric, mode), so Train keeps the best checkpoints by it (``None`` for a grid).
+    """
+    import ray.tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from par_ray.train.trainer import build_trainer
+
+    cfg = resolve(params, extra_recipes)
+    name = f"trial_{ray.tune.get_context().get_trial_id()}"
+    trainer = build_trainer(cfg, name=name, storage_path=train_storage, max_failures=train_max_failures,
+                            callbacks=[TuneReportCallback(), _failure_lines(f"{name} ({trial_label(cfg)})")],
+                            checkpoint_score=checkpoint_score, log_level="WARNING")
+    trainer.fit()
+
+
+def _failure_lines(trial: str):
+    """A Ray Train callback (it runs on the trial's Train controller, whose output reaches the console) that prints
+    one line per failed worker: Train's own account of a worker-group failure and restart is an INFO line, which the
+    sweep keeps off the console."""
+    from ray.train import UserCallback
+
+    class FailureLines(UserCallback):
+        def after_exception(self, run_context, worker_exceptions):
+            for rank, error in sorted(worker_exceptions.items()):
+                text = " ".join(str(error).split())
+                sys.stderr.write(f"{trial}: Train worker rank {rank} failed: {type(error).__name__}: {text[:1000]}; "
+                                 f"Train restarts the worker group from the latest checkpoint if its "
+                                 f"FailureConfig allows\n")
+            sys.stderr.flush()
+
+    return FailureLines()
+
+
+def _trial_dirname(trial) -> str:
+    return f"trial_{trial.trial_id}"
+
+
+def _make_callback(tracker, extra_recipes):
+    from ray.tune import Callback
+    from ray.tune.result import AUTO_RESULT_KEYS
+
+    skip = set(AUTO_RESULT_KEYS) | {"done", "trial_id", "experiment_tag", "checkpoint_path", "should_checkpoint"}
+
+    class MLflowTrials(Callback):
+        """Trial → child run of the sweep's parent run (``par_ray.tracking``), on the sweep driver."""
+
+        def __init__(self, tracker, extra_recipes):
+            self.tracker, self.extra_recipes = tracker, extra_recipes
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            cfg = resolve(trial.config, self.extra_recipes)
+            self.tracker.start_trial(trial.trial_id, cfg, run_name=trial_label(cfg))
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            metrics = {k: v for k, v in result.items() if k not in skip}
+            self.tracker.log_metrics(trial.trial_id, metrics, int(result.get("step", result.get("training_iteration"))))
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            cfg = resolve(trial.config, self.extra_recipes)
+            last = trial.last_result or {}
+            done = int(last.get("step", 0)) >= cfg.train.steps
+            self.tracker.finish_trial(trial.trial_id, cfg, last, "FINISHED" if done else "KILLED")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self.tracker.finish_trial(trial.trial_id, resolve(trial.config, self.extra_recipes), trial.last_result,
+                                     "FAILED")
+
+    return MLflowTrials(tracker, extra_recipes)
+
+
+def _reporter(plan: Plan):
+    """Tune's status table without per-trial config/result boxes: the legacy ``CLIReporter`` (``RAY_AIR_NEW_OUTPUT=0``
+    selects it; the new output engine prints a box per trial start and end at any verbosity above 0)."""
+    from ray.tune import CLIReporter
+
+    short = {"task.name": "task", "backbone.name": "backbone", "train.seed": "seed"}
+    varying = {k: short.get(k, k) for k, v in plan.param_space.items()
+               if not isinstance(v, (str, int, float, bool, type(None)))}  # grid / search dimensions
+    metrics = {k: k for k in ("step", "loss", "G", plan.metric) if k is not None}
+    return CLIReporter(metric_columns=metrics, parameter_columns=varying, max_report_frequency=STATUS_EVERY_S,
+                       print_intermediate_tables=True, max_column_length=24)  # metric, mode: from TuneConfig
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Running a sweep
+
+def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
+    """Run (or ``--dry-run`` / ``--resume``) the sweep ``spec``. Returns 0 when every trial finished, 1 otherwise.
+
+    Raises :class:`SweepConfigError` on bad input, before any cluster resource is claimed.
+    """
+    from par_ray import tracking
+
+    raw = opts.storage or DEFAULT_STORAGE.format(name=spec.name)
+    remote = "://" in raw
+    storage = raw.rstrip("/") if remote else os.path.abspath(os.path.expanduser(raw))
+    if not remote and not os.path.isabs(os.path.expanduser(raw)) and "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ:
+        print(f"warning: --storage {raw} is inside this Ray job's temporary working directory ({storage}); pass an "
+              f"absolute path or a bucket URI to keep the results", file=sys.stderr)
+    experiment_path, train_storage = f"{storage}/tune/{spec.name}", f"{storage}/train/{spec.name}"
+    preset = opts.preset
+    if preset not in PRESET_CHOICES:
+        raise SweepConfigError(f"--preset: {preset!r} is not one of {list(PRESET_CHOICES)}")
+    if preset == "auto" and opts.dry_run:
+        preset = local_preset_guess()
+    plan = build_plan(spec, opts, preset) if preset != "auto" else None
+    if opts.dry_run:
+        print_plan(plan, train_storage)
+        return 0
+    try:
+        uri = tracking.tracking_uri(opts.mlflow_uri, storage)
+    except ValueError as e:
+        raise SweepConfigError(str(e)) from None
+    if opts.resume and not _exists(f"{experiment_path}/tuner.pkl"):
+        raise SweepConfigError(f"--resume: no sweep to resume at {experiment_path} (check --storage)")
+    if not opts.resume and _exists(experiment_path):
+        raise SweepConfigError(f"--storage: a sweep {spec.name!r} already exists at {experiment_path}; pass --resume "
+                               f"to continue it or choose another --storage")
+
+    from ray import tune
+
+    context = connect()
+    if context is not None:
+        print(f"Ray: Train's logs (each report, checkpoint and worker-group event) in "
+              f"{context.address_info['session_dir']}/logs/train", flush=True)
+    if plan is None:
+        plan = build_plan(spec, opts, "paper" if cluster_has_gpu() else "local")
+    needs = [(trial_label(cfg), trial_resources(cfg, train_storage)) for _, cfg in plan.trials]
+    if autoscaler_limits_unknown():
+        # Every trial at once: the worker groups of trials that do not fit yet are the demand the autoscaler adds
+        # nodes for (a limit from the nodes running now would keep it from ever scaling up).
+        concurrency = count_trials(plan)
+        print(f"sweep {spec.name}: the cluster autoscales without publishing its limits; trials that do not fit the "
+              f"nodes running now wait for new ones (`ray status` shows the pending demand)", flush=True)
+    else:
+        concurrency = max_concurrent_trials(needs, cluster_capacity())
+    largest = max((n for _, n in needs), key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)))
+    print(f"sweep {spec.name}: preset {plan.preset}, {count_trials(plan)} trials, up to {concurrency} at once "
+          f"(largest trial: {reservation(largest)}); storage {storage}", flush=True)
+
+    tracker = tracking.SweepTracker.open(
+        spec.name, experiment_path, uri, params=_sweep_params(plan, opts),
+        tags={"par_ray.preset": plan.preset, "par_ray.smoke_test": str(opts.smoke_test).lower()})
+    print(f"MLflow: {uri} (experiment {tracking.experiment_name(spec.name)}, parent run {tracker.parent_run_id})",
+          flush=True)
+
+    trainable = tune.with_resources(
+        tune.with_parameters(_trial_driver, train_storage=train_storage, train_max_failures=spec.train_max_failures,
+                             extra_recipes=dict(spec.extra_recipes),
+                             checkpoint_score=checkpoint_score(plan)),
+        dict(DRIVER_RESOURCES))
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # see _reporter
+    if opts.resume:
+        tuner = tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space=plan.param_space,
+            tune_config=_tune_config(plan, concurrency),
+            run_config=tune.RunConfig(
+                name=spec.name, storage_path=f"{storage}/tune",
+                failure_config=tune.FailureConfig(max_failures=spec.tune_max_failures),
+                callbacks=[_make_callback(tracker, dict(spec.extra_recipes))], verbose=1,
+                progress_reporter=_reporter(plan), log_to_file=True),
+        )
+    try:
+        results = tuner.fit()
+    except BaseException:
+        tracker.finish("KILLED")
+        raise
+    if context is not None:  # a cluster this call connected to: flush the trials' last lines before the summary
+        import ray
+
+        ray.shutdown()
+    return finish_sweep(results, plan, tracker, None if remote else f"{storage}/analysis")
+
+
+def finish_sweep(results, plan: Plan, tracker, analysis_dir: str | None) -> int:
+    """After ``Tuner.fit`` (which returns, not raises, on Ctrl-C): print the trial counts, close the MLflow runs
+    (interrupted trials and the parent KILLED, so ``--resume`` reopens them; see :func:`sweep_status`), run the
+    analysis and, when a trial failed or did not finish, print the ``--resume`` hint. Returns the exit status: 0
+    when every trial finished or was stopped early by ASHA, 1 otherwise."""
+    _, counts = print_summary(results, plan)
+    failed = counts.get("failed", 0) + counts.get("unfinished", 0)
+    tracker.close_open_trials("KILLED")  # interrupted trials; --resume reopens their runs
+    tracker.finish(sweep_status(counts))
+    _run_analysis(plan.spec.name, tracker, analysis_dir)
+    if failed:
+        print(f"{failed} trial(s) failed or did not finish; fix the cause and rerun with --resume (same --storage) "
+              f"to finish them", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def checkpoint_score(plan: Plan) -> tuple[str, str] | None:
+    """(metric, mode) by which a search's trials keep their best ``train.keep_checkpoints`` checkpoints (plus the
+    latest); ``None`` for a grid, whose trials keep their latest. A search's metric is in every checkpointed report
+    (``spec.build_plan`` checks it), so every checkpoint has a score."""
+    return (plan.metric, plan.mode) if plan.metric is not None else None
+
+
+def _tune_config(plan: Plan, concurrency: int):
+    from ray import tune
+
+    search = plan.search
+    common = dict(max_concurrent_trials=concurrency, trial_dirname_creator=_trial_dirname)
+    if search is None:
+        return tune.TuneConfig(**common)
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    cfg = plan.trials[0][1]
+    steps = max(c.train.steps for _, c in plan.trials)
+    return tune.TuneConfig(
+        metric=plan.metric, mode=plan.mode, num_samples=count_trials(plan),
+        search_alg=OptunaSearch(seed=search.seed),
+        # stop_last_trials=False: a trial that reaches max_t ends on its own. Stopping it there would kill its driver
+        # while Train is still closing its run, leaving the worker placement group to Ray Train's cleaner actor,
+        # which cannot find the cluster on a host that runs several Ray instances (it then leaks the group).
+        scheduler=ASHAScheduler(time_attr="step", max_t=steps, grace_period=search.grace_period or cfg.train.eval_every,
+                                reduction_factor=search.reduction_factor, stop_last_trials=False),
+        **common)
+
+
+def _sweep_params(plan: Plan, opts: Options) -> dict[str, typing.Any]:
+    """The parent run's params: the sweep's grid and search settings (never a config secret: tracking redacts)."""
+    cfgs = [cfg for _, cfg in plan.trials]
+    out = {
+        "preset": plan.preset,
+        "recipes": ",".join(plan.spec.recipes),
+        "tasks": ",".join(plan.spec.tasks),
+        "backbones": ",".join(dict.fromkeys(c.backbone.name for c in cfgs)),
+        "seeds": ",".join(str(s) for s in dict.fromkeys(c.train.seed for c in cfgs)),
+        "smoke_test": opts.smoke_test,
+        "num_trials": count_trials(plan),
+    }
+    if plan.search is not None:
+        out.update({"search.metric": plan.metric, "search.mode": plan.mode,
+                    "search.space": ",".join(plan.search.space)})
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# End of sweep: the outcome and the analysis
+
+def trial_outcome(result, plan: Plan) -> str:
+    """``finished`` (all ``train.steps``), ``failed`` (an error), ``stopped early`` (ASHA stopped it: Tune marks its
+    last result ``done``) or ``unfinished`` (interrupted by Ctrl-C or a lost driver, or never started: a
+    never-started trial's result holds only its trial id)."""
+    m = result.metrics or {}
+    cfg = resolve(result.config, plan.spec.extra_recipes) if result.config else None
+    if result.error is not None:
+        return "failed"
+    if cfg is not None and int(m.get("step", 0)) >= cfg.train.steps:
+        return "finished"
+    if plan.search is not None and "step" in m and m.get("done"):
+        return "stopped early"
+    return "unfinished"
+
+
+def sweep_status(counts: typing.Mapping[str, int]) -> str:
+    """The parent run's MLflow status from the trial counts: FAILED if any trial failed, else KILLED if any is
+    unfinished (``--resume`` continues it), else FINISHED (trials stopped early by ASHA count as done)."""
+    return "FAILED" if counts.get("failed") else "KILLED" if counts.get("unfinished") else "FINISHED"
+
+
+def print_summary(results, plan: Plan) -> tuple[list[dict[str, typing.Any]], dict[str, int]]:
+    """Count the trials by :func:`trial_outcome` and print the counts and, for a search, the best trial.
+
+    Returns (one row per finished trial: ``task, recipe, backbone, seed, G, G_censored, acc_d{D}...``, the counts).
+    """
+    rows, counts = [], {}
+    for r in results:
+        m = r.metrics or {}
+        kind = trial_outcome(r, plan)
+        counts[kind] = counts.get(kind, 0) + 1
+        if kind == "finished" and "G" in m:
+            cfg = resolve(r.config, plan.spec.extra_recipes)
+            rows.append({"task": cfg.task.name, "recipe": cfg.recipe.name, "backbone": cfg.backbone.name,
+                         "seed": cfg.train.seed, "G": float(m["G"]), "G_censored": float(m.get("G_censored", 0.0)),
+                         **{f"acc_d{d}": float(m[f"acc_d{d}"]) for d in cfg.eval.depths if f"acc_d{d}" in m}})
+    print("\ntrials: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    if plan.metric is not None and rows:
+        best = results.get_best_result(metric=plan.metric, mode=plan.mode, filter_nan_and_inf=True)
+        if best is not None and best.metrics:
+            print(f"\nbest {plan.metric} = {best.metrics.get(plan.metric)}: "
+                  + ", ".join(f"{k}={best.config.get(k)}" for k in plan.search.space))
+    return rows, counts
+
+
+def _run_analysis(sweep: str, tracker, out_dir: str | None) -> bool:
+    """``analysis.analyze`` on this sweep's parent run: prints its main table (accuracy by depth and G, mean ± std
+    over seeds) and logs its tables and plots to the parent run. Never fails the sweep; False when it did not run."""
+    rerun = f"python -m analysis --experiment par_ray/{sweep}"
+    try:
+        # analysis.report, not the package: a stale editable install can make `analysis` a namespace package
+        from analysis.report import analyze
+    except ImportError as e:
+        if getattr(e, "name", None) not in ("analysis", "analysis.report"):
+            print(f"analysis unavailable ({e}); rerun: {rerun}", file=sys.stderr)
+        return False
+    try:
+        report = analyze(f"par_ray/{sweep}", parent_run_id=tracker.parent_run_id, tracking_uri=tracker.uri,
+                         out_dir=out_dir)
+    except Exception as e:  # noqa: BLE001 - the runs are tracked already; analysis can be rerun with python -m analysis
+        print(f"analysis failed ({type(e).__name__}: {e}); rerun: {rerun}", file=sys.stderr)
+        return False
+    report = report if isinstance(report, dict) else {}
+    if report.get("main_table"):
+        print("\n" + str(report["main_table"]))
+    for w in report.get("warnings", ()):
+        print(f"analysis: {w}")
+    print(f"analysis: tables and figures in {report.get('out_dir', out_dir)}, logged to parent run "
+          f"{tracker.parent_run_id}")
+    return bool(report.get("main_table"))
+
+
+def _exists(path: str) -> bool:
+    """Whether a local path or a storage URI (``s3://``, ``gs://`` …; through pyarrow, as Ray's storage) exists."""
+    if "://" not in path:
+        return os.path.exists(path)
+    import pyarrow.fs
+
+    fs, inner = pyarrow.fs.FileSystem.from_uri(path)
+    return fs.get_file_info(inner).type != pyarrow.fs.FileType.NotFound

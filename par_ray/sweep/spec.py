@@ -1,0 +1,244 @@
+"""The sweep spec and its trial plan: what a sweep runs, resolved and validated before Ray starts.
+
+A sweep is declared as a :class:`SweepSpec` (recipes × tasks × backbones × seeds, fixed overrides, optionally an
+Optuna + ASHA :class:`Search`). :func:`build_plan` resolves every trial's :class:`~par_ray.config.TrialConfig`
+(preset → overrides → recipe → recipe overrides, see :func:`resolve`) and validates all of them, before Ray is started
+or any cluster resource is claimed: bad input raises one :class:`SweepConfigError` naming the field or flag.
+"""
+
+from __future__ import annotations
+
+import itertools
+import typing
+from dataclasses import dataclass, field, replace
+
+from par_ray import presets
+from par_ray.config import TrialConfig, from_flat
+from par_ray.model.backbones import BACKBONES
+from par_ray.recipes import RECIPES, apply_recipe
+
+PRESET_CHOICES = ("auto", "local", "paper")
+DEFAULT_STORAGE = "runs/{name}"
+"""``--storage`` default, relative to the working directory (``runs/`` is git-ignored): ``tune/``, ``train/``,
+``mlflow.db``, ``mlartifacts/``, ``analysis/``. Under ``ray job submit`` pass an absolute path or a bucket URI: the
+job's working directory is a temporary copy."""
+TUNE_MAX_FAILURES = 1
+"""Trial-level retries (Tune restarts the trial's driver, which resumes Train from its latest checkpoint)."""
+TRAIN_MAX_FAILURES = 2
+"""Worker-group restarts from the latest checkpoint within one driver (Train ``FailureConfig``)."""
+METRIC_ALIASES = ("acc_longest",)
+"""``acc_longest`` = ``acc_d{largest test depth}``."""
+
+Recipe = typing.Callable[[TrialConfig], TrialConfig]
+"""A recipe: a function that changes fields of a base config (``par_ray.recipes``)."""
+
+
+class SweepConfigError(ValueError):
+    """Bad sweep input (a flag, a grid entry or a trial config); the message names the flag or field."""
+
+
+@dataclass(frozen=True)
+class Search:
+    """Optuna search with ASHA early stopping over a space of flat config keys."""
+
+    space: typing.Mapping[str, typing.Any] | typing.Callable[[TrialConfig], typing.Mapping[str, typing.Any]]
+    """Flat config key → ``ray.tune`` domain (``tune.loguniform``, ``tune.randint``, ``tune.choice`` …), or a
+    function of the first grid point's config returning one (e.g. layer splits that depend on the backbone's depth)."""
+    metric: str = "G"
+    """A reported metric: ``G``, ``loss``, ``train_acc``, ``acc_d{D}``, ``acc_query_d{D}`` or ``acc_longest``."""
+    mode: str = "max"
+    num_samples: int = 8
+    """Trials Optuna proposes."""
+    reduction_factor: int = 2
+    """ASHA keeps 1 / reduction_factor of the trials at each rung."""
+    grace_period: int | None = None
+    """Steps before ASHA may stop a trial; ``None`` = the first evaluation (``train.eval_every``)."""
+    seed: int = 0
+    """Optuna sampler seed."""
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What a sweep runs. ``sweeps/*.py`` declare one and call :func:`main`."""
+
+    name: str
+    """Tune experiment name and MLflow experiment ``par_ray/<name>``."""
+    description: str = ""
+    recipes: tuple[str, ...] = ("par",)
+    """Keys of ``par_ray.recipes.RECIPES`` or of ``extra_recipes``."""
+    extra_recipes: typing.Mapping[str, Recipe] = field(default_factory=dict)
+    """Recipes this sweep defines itself (name → function setting ``recipe.name`` to that name)."""
+    tasks: tuple[str, ...] = ("swap_s5",)
+    backbones: typing.Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(presets.PRESET_BACKBONES))
+    """Preset → default backbones (``--backbones`` overrides)."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """Default seeds (``--seeds`` overrides)."""
+    overrides: typing.Mapping[str, typing.Any] = field(default_factory=dict)
+    """Flat config overrides applied to every trial (``recipe.*`` keys apply after the recipe)."""
+    search: Search | None = None
+    """``None``: the full grid. Otherwise Optuna + ASHA; grid dimensions with several values become choices."""
+    tune_max_failures: int = TUNE_MAX_FAILURES
+    train_max_failures: int = TRAIN_MAX_FAILURES
+
+
+@dataclass(frozen=True)
+class Options:
+    """The common flags of every sweep (see :func:`parse_args`)."""
+
+    preset: str = "auto"
+    seeds: tuple[int, ...] | None = None
+    backbones: tuple[str, ...] | None = None
+    storage: str | None = None
+    """``None``: ``DEFAULT_STORAGE`` for the sweep's name."""
+    mlflow_uri: str | None = None
+    dry_run: bool = False
+    resume: bool = False
+    smoke_test: bool = False
+    metric: str | None = None
+    num_samples: int | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A sweep resolved against a preset: what Tune gets and every trial config it can produce (validated)."""
+
+    spec: SweepSpec
+    preset: str
+    param_space: dict[str, typing.Any]
+    trials: list[tuple[dict[str, typing.Any], TrialConfig]]
+    """Grid: every trial. Search: every grid point at each end of each domain (what validation covers)."""
+    search: Search | None
+    """The spec's search with the ``--metric`` / ``--num-samples`` / smoke-test settings applied."""
+    metric: str | None
+    """The search metric, aliases resolved (``None`` for a grid)."""
+    mode: str | None
+
+
+def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mapping[str, Recipe] | None = None
+            ) -> TrialConfig:
+    """The trial config of one Tune trial's flat params: ``preset`` and ``recipe`` plus flat config keys.
+
+    Order: ``presets.preset_trial(preset, backbone, task, seed)`` → the non-recipe keys → the recipe (from
+    ``RECIPES`` or ``extra_recipes``) → the ``recipe.*`` keys (so a search over ``recipe.hold_lambda`` wins over the
+    recipe's value). Raises ``ValueError`` naming unknown keys / values; does not validate ranges.
+    """
+    flat = {k: v for k, v in params.items() if k not in ("preset", "recipe")}
+    cfg = presets.preset_trial(str(params["preset"]), str(flat.pop("backbone.name", "tiny-qwen2")),
+                               str(flat.pop("task.name", "swap_s5")), int(flat.pop("train.seed", 0)))
+    cfg = from_flat({k: v for k, v in flat.items() if not k.startswith("recipe.")}, base=cfg)
+    recipe = str(params.get("recipe", "par"))
+    cfg = extra_recipes[recipe](cfg) if extra_recipes and recipe in extra_recipes else apply_recipe(cfg, recipe)
+    return from_flat({k: v for k, v in flat.items() if k.startswith("recipe.")}, base=cfg)
+
+
+def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
+    """Resolve and validate every trial of ``spec`` under ``preset``; raises :class:`SweepConfigError`."""
+    from ray import tune
+
+    backbones = tuple(opts.backbones or spec.backbones.get(preset, presets.PRESET_BACKBONES[preset]))
+    seeds = tuple(opts.seeds if opts.seeds is not None else spec.seeds)
+    dims = {"recipe": tuple(spec.recipes), "task.name": tuple(spec.tasks), "backbone.name": backbones,
+            "train.seed": seeds}
+    errs = [f"{name}: {v!r} is not one of {sorted(allowed)}" for name, values, allowed in (
+        ("recipe", spec.recipes, {**RECIPES, **spec.extra_recipes}), ("backbone.name", backbones, BACKBONES))
+        for v in values if v not in allowed]
+    errs += [f"{name}: empty" for name, values in dims.items() if not values]
+    if errs:
+        raise SweepConfigError("invalid sweep:\n  - " + "\n  - ".join(errs))
+
+    fixed: dict[str, typing.Any] = {"preset": preset, **_flat_values(spec.overrides)}
+    if opts.smoke_test:
+        fixed.update(_flat_values(presets.smoke_overrides(presets.preset_trial(preset, backbones[0]))))
+    search = spec.search
+    if search is not None:
+        search = replace(search, metric=opts.metric or search.metric,
+                         num_samples=opts.num_samples or search.num_samples)
+        if opts.smoke_test:
+            search = replace(search, num_samples=min(search.num_samples, 3))
+    space = dict(fixed)
+    for key, values in dims.items():
+        if len(values) == 1:
+            space[key] = values[0]
+        else:
+            space[key] = tune.choice(list(values)) if search else tune.grid_search(list(values))
+
+    # Every grid point; under a search, each domain at each of its ends (others at their first end).
+    grid = [dict(zip(dims, combo)) for combo in itertools.product(*dims.values())]
+    variants: list[dict[str, typing.Any]] = [{}]
+    if search is not None:
+        if callable(search.space):
+            search = replace(search, space=dict(search.space(resolve({**fixed, **grid[0]}, spec.extra_recipes))))
+        space.update(search.space)
+        ends = {k: domain_ends(k, d) for k, d in search.space.items()}
+        first = {k: v[0] for k, v in ends.items()}
+        variants = [first] + [{**first, k: v} for k, vs in ends.items() for v in vs[1:]]
+    trials, errs = [], []
+    for point in grid:
+        for variant in variants:
+            params = {**fixed, **point, **variant}
+            try:
+                cfg = resolve(params, spec.extra_recipes).validate()
+            except ValueError as e:
+                where = ", ".join(f"{k}={v}" for k, v in {**point, **variant}.items())
+                errs.append(f"trial ({where}): {e}")
+                continue
+            trials.append((params, cfg))
+    if errs:
+        raise SweepConfigError(errs[0] if len(errs) == 1 else f"{len(errs)} invalid trials; the first:\n{errs[0]}")
+
+    metric = mode = None
+    if search is not None:
+        metric, mode = _check_metric(search.metric, search.mode, [cfg for _, cfg in trials])
+    return Plan(spec=spec, preset=preset, param_space=space, trials=trials, search=search, metric=metric, mode=mode)
+
+
+def _flat_values(flat: typing.Mapping[str, typing.Any]) -> dict[str, typing.Any]:
+    """Tuples as comma-joined strings (the ``to_flat`` form), so Tune never expands them."""
+    return {k: ",".join(str(x) for x in v) if isinstance(v, (tuple, list)) else v for k, v in flat.items()}
+
+
+def domain_ends(key: str, domain: typing.Any) -> list[typing.Any]:
+    """The ends of a ``ray.tune`` domain (every value of a choice); raises :class:`SweepConfigError` otherwise."""
+    from ray.tune.search.sample import Categorical, Float, Integer
+
+    if isinstance(domain, Categorical):
+        return list(domain.categories)
+    if isinstance(domain, Integer):
+        return [domain.lower, domain.upper - 1]  # tune.randint's upper bound is exclusive
+    if isinstance(domain, Float):
+        return [domain.lower, domain.upper]
+    raise SweepConfigError(f"search space {key}: {domain!r} is not a ray.tune domain (tune.uniform, tune.choice …)")
+
+
+def _check_metric(metric: str, mode: str, cfgs: list[TrialConfig]) -> tuple[str, str]:
+    """Resolve ``acc_longest``; check the metric is in *every* report (ASHA and Tune's strict metric check need it)."""
+    if mode not in ("max", "min"):
+        raise SweepConfigError(f"--mode: {mode!r} is not one of ['max', 'min']")
+    depths = {cfg.eval.depths for cfg in cfgs}
+    if metric == "acc_longest":
+        if len(depths) != 1:
+            raise SweepConfigError(f"--metric acc_longest: trials test different depths {sorted(depths)}")
+        metric = f"acc_d{max(next(iter(depths)))}"
+    eval_metrics = {"G"} | {f"{k}_d{d}" for ds in depths for d in ds for k in ("acc", "acc_query")}
+    allowed = sorted(eval_metrics | {"loss", "train_acc"}) + list(METRIC_ALIASES)
+    if metric not in allowed:
+        raise SweepConfigError(f"--metric: {metric!r} is not one of {allowed}")
+    if metric in eval_metrics:
+        for cfg in cfgs:
+            tr = cfg.train
+            if tr.report_every % tr.eval_every or (tr.checkpoint_every and tr.checkpoint_every % tr.eval_every):
+                raise SweepConfigError(
+                    f"train.eval_every: {metric} must be in every report, so train.report_every ({tr.report_every}) "
+                    f"and train.checkpoint_every ({tr.checkpoint_every}) must be multiples of train.eval_every "
+                    f"({tr.eval_every})")
+    return metric, mode
+
+
+def count_trials(plan: Plan) -> int:
+    """Trials Tune will run: the grid's size, or the search's samples."""
+    return len(plan.trials) if plan.search is None else plan.search.num_samples
+
+
+def trial_label(cfg: TrialConfig) -> str:
+    """``{recipe}-{backbone}-{task}-seed{seed}``: a trial's MLflow run name and its name in messages."""
+    return f"{cfg.recipe.name}-{cfg.backbone.name}-{cfg.task.name}-seed{cfg.train.seed}"
