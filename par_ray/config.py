@@ -304,6 +304,7 @@ def halting_and_stage_errors(cfg: TrialConfig) -> list[str]:
         errs.append(f"stages: must be a non-empty tuple of StageConfig, got {stages!r}")
         return errs
     open_ended = [i for i, s in enumerate(stages) if s.steps == 0 and s.share == 0]
+    sizes_ok = all(s.steps >= 0 and 0.0 <= s.share < 1.0 for s in stages)  # else the sum checks below add noise
     fixed = sum(stage_steps(s, tr.steps) for s in stages)
     for i, s in enumerate(stages):
         check(s.steps >= 0, f"stages[{i}].steps", f"must be >= 0 (0 = share or the rest of train.steps), got {s.steps}")
@@ -322,11 +323,11 @@ def halting_and_stage_errors(cfg: TrialConfig) -> list[str]:
                   f"{s.recipe!r} changes {changed}, which are built into the model once per trial; "
                   "a stage may not change them")
     check(len(open_ended) <= 1, "stages", f"at most one stage may have steps=0 (the rest), got stages {open_ended}")
-    if open_ended:
+    if sizes_ok and open_ended:
         check(fixed < tr.steps, "stages",
               f"the stages' fixed steps ({fixed}) must leave at least one step of train.steps={tr.steps} for the "
               f"stage with steps=0")
-    else:
+    elif sizes_ok:
         check(fixed == tr.steps, "stages", f"the stages' steps must add up to train.steps={tr.steps}, got {fixed}")
     return errs
 
@@ -341,7 +342,8 @@ STAGES_KEY = "stages"
 
 
 def format_stages(stages: tuple[StageConfig, ...]) -> str:
-    """``(StageConfig(), StageConfig(share=0.1, recipe="stretch_ramp"))`` -> ``"0::none:0.0,0:stretch_ramp:none:0.1"``."""
+    """``(StageConfig(), StageConfig(recipe="stretch_ramp", share=0.1))`` -> ``"0::none:0.0,0:stretch_ramp:none:0.1"``
+    (``steps:recipe:frozen:share`` per stage)."""
     return ",".join(f"{s.steps}:{s.recipe}:{s.frozen}:{s.share!r}" for s in stages)
 
 

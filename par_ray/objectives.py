@@ -101,7 +101,9 @@ def halting_loss(yes_no_logits_KB2: torch.Tensor, iterations: list[int], depth: 
                  ops_per_iteration: int) -> HaltLossOutput:
     """Class-balanced cross-entropy of the halting readout (§3, "Learned Halting").
 
-        L_halt = Σ_{k,b} w_{y_k} · CE(h_{k,b}, y_k) / (K · B),   y_k = [c·k >= d],   w from :func:`halting_class_weights`
+        L_halt = Σ_{k,b} w_{y_k} · CE(h_{k,b}, y_k) / (K · B),   y_k = [c·k >= d]
+
+    with w from :func:`halting_class_weights`.
 
     The joint PAR objective is ``par_loss + halt_weight × L_halt`` (``RecipeConfig.halt_weight``, 0.5 in the paper).
 
