@@ -22,6 +22,8 @@ STRATEGIES = ("ddp", "fsdp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
 POSITION_SCHEMES = ("rope", "none", "conv")
 OP_ORDERS = ("forward", "recent_first")
+FROZEN_PARTS = ("none", "all_but_coda")
+"""What a stage may freeze (``par_ray.stages.FROZEN_PREFIXES`` says which parameters each leaves trainable)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,14 @@ class RecipeConfig:
     extra_iterations: int = 0
     """Slack loop count under the ``forced`` schedule: R = ceil(d / c) + U{0 .. extra_iterations} per step, iterations
     past d / c keep z_d; 0 = the paper's R = ceil(d / c) (docs/experiments.md, experiment 8)."""
+    halting: bool = False
+    """Learned halting (§3, "Learned Halting"): the readout at an appended halting query position is also trained
+    to answer Yes when c·k >= d, No otherwise (``par_ray.halting``; loss in ``par_ray.objectives.halting_loss``)."""
+    halt_weight: float = 0.5
+    """Weight of the class-balanced halting cross-entropy in the joint loss: PAR + halt_weight × halting."""
+    stretch_ramp: bool = False
+    """Ramp the stretch cap linearly from 1 (first step of the stage) to ``stretch_max`` (last step of the stage)
+    instead of drawing s ~ U[1, stretch_max] from the start (the paper's stretch fine-tuning stage, §3.4)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,35 @@ class EvalConfig:
     """Sequences per evaluation forward pass."""
     seed: int = 10_000
     """Seed of the test sets (disjoint from training streams, which use the trial seed)."""
+    halt_k: int = 6
+    """Halting rule "k of n": stop at the first R with P(Yes) > tau such that >= halt_k of R … R+n-1 exceed tau."""
+    halt_n: int = 8
+    """Window length n of the halting rule (iterations R … R+n-1)."""
+    halt_tau: float = 0.5
+    """Threshold tau on P(Yes), in (0, 1)."""
+    halt_max_iterations: int = 0
+    """R_max: iteration cap of halting evaluation (never halted → answered at R_max); 0 = 2 × max(depths) / c."""
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """One stage of a trial: a run of optimizer steps with its own recipe and frozen parts (``par_ray.stages``).
+
+    The paper trains PAR, then fine-tunes in a short stage (positional stretch; the post-hoc halting read-out).
+    """
+
+    steps: int = 0
+    """Optimizer steps of this stage; 0 = ``share`` of ``train.steps``, or with ``share`` 0 the rest of ``train.steps``
+    (at most one stage may be the rest)."""
+    recipe: str = ""
+    """A key of ``par_ray.recipes.RECIPES``: the stage trains with that recipe applied to the trial's config (only
+    its ``recipe`` section is used); ``""`` = the trial's own recipe."""
+    frozen: str = "none"
+    """Parameters that get no update in this stage, one of ``FROZEN_PARTS`` (``all_but_coda``: only the coda
+    layers and the final norm train)."""
+    share: float = 0.0
+    """With ``steps`` 0: this fraction of ``train.steps`` (rounded, at least 1 step), so a recipe's fine-tuning stage
+    follows a ``train.steps`` set after the recipe (``--steps``); 0 = not used."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +213,9 @@ class TrialConfig:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    stages: tuple[StageConfig, ...] = (StageConfig(),)
+    """The trial's stages, run in order by the same loop; their steps add up to ``train.steps`` (the LR schedule,
+    reports and checkpoints count global steps). Default: one stage, the trial's recipe, nothing frozen."""
 
     def validate(self) -> "TrialConfig":
         """Check every field; raise one ``ValueError`` listing all problems (field, value, allowed). Returns self."""
@@ -265,13 +307,98 @@ def config_errors(cfg: TrialConfig) -> list[str]:
               f"must be strictly increasing, got {list(ev.depths)}")
     check(ev.num_sequences >= 1, "eval.num_sequences", f"must be >= 1, got {ev.num_sequences}")
     check(ev.batch_size >= 1, "eval.batch_size", f"must be >= 1, got {ev.batch_size}")
+    errs += halting_and_stage_errors(cfg)
+    return errs
+
+
+def stage_steps(stage: StageConfig, total_steps: int) -> int:
+    """Steps of ``stage`` out of ``total_steps`` = ``train.steps``: ``steps``, else ``share`` × total (rounded, >= 1),
+    else 0 (the rest, resolved by ``par_ray.stages.resolve_stages``)."""
+    if stage.steps:
+        return stage.steps
+    return max(1, round(stage.share * total_steps)) if stage.share > 0 else 0
+
+
+def halting_and_stage_errors(cfg: TrialConfig) -> list[str]:
+    """Problems of the halting fields (recipe, eval) and of ``cfg.stages``, as ``"field: message"`` strings."""
+    from par_ray.recipes import RECIPES  # local: recipes imports this module
+
+    r, ev, tr = cfg.recipe, cfg.eval, cfg.train
+    errs: list[str] = []
+
+    def check(ok: bool, name: str, msg: str) -> None:
+        if not ok:
+            errs.append(f"{name}: {msg}")
+
+    check(r.halt_weight > 0, "recipe.halt_weight", f"must be > 0, got {r.halt_weight}")
+    check(ev.halt_n >= 1, "eval.halt_n", f"must be >= 1, got {ev.halt_n}")
+    check(ev.halt_n < 1 or 1 <= ev.halt_k <= ev.halt_n, "eval.halt_k",
+          f"must be in [1, eval.halt_n={ev.halt_n}] (k of n), got {ev.halt_k}")
+    check(0.0 < ev.halt_tau < 1.0, "eval.halt_tau", f"must be in the open interval (0, 1), got {ev.halt_tau}")
+    if ev.depths and all(isinstance(d, int) for d in ev.depths):
+        need = -(-max(ev.depths) // max(r.ops_per_iteration, 1))
+        check(ev.halt_max_iterations == 0 or ev.halt_max_iterations >= need, "eval.halt_max_iterations",
+              f"must be 0 (= 2 × max(eval.depths) / c) or >= ceil(max(eval.depths) / c) = {need} so oracle "
+              f"stopping is reachable, got {ev.halt_max_iterations}")
+
+    stages = cfg.stages
+    if not isinstance(stages, tuple) or not stages or not all(isinstance(s, StageConfig) for s in stages):
+        errs.append(f"stages: must be a non-empty tuple of StageConfig, got {stages!r}")
+        return errs
+    open_ended = [i for i, s in enumerate(stages) if s.steps == 0 and s.share == 0]
+    sizes_ok = all(s.steps >= 0 and 0.0 <= s.share < 1.0 for s in stages)  # else the sum checks below add noise
+    fixed = sum(stage_steps(s, tr.steps) for s in stages)
+    for i, s in enumerate(stages):
+        check(s.steps >= 0, f"stages[{i}].steps", f"must be >= 0 (0 = share or the rest of train.steps), got {s.steps}")
+        check(0.0 <= s.share < 1.0 and (s.share == 0 or s.steps == 0), f"stages[{i}].share",
+              f"must be in [0, 1) and only used with steps=0, got share={s.share} with steps={s.steps}")
+        check(s.frozen in FROZEN_PARTS, f"stages[{i}].frozen", f"{s.frozen!r} is not one of {list(FROZEN_PARTS)}")
+        check(s.frozen == "none" or tr.strategy != "deepspeed", f"stages[{i}].frozen",
+              f"{s.frozen!r} needs train.strategy 'ddp' or 'fsdp' (DeepSpeed owns its gradients, so frozen parts "
+              "cannot be left out of its step)")
+        if s.recipe and s.recipe not in RECIPES:
+            errs.append(f"stages[{i}].recipe: {s.recipe!r} is not one of {['', *RECIPES]}")
+        elif s.recipe:
+            sr = RECIPES[s.recipe](cfg).recipe
+            changed = [f for f in ("anchoring", "tied", "max_iterations") if getattr(sr, f) != getattr(r, f)]
+            check(not changed, f"stages[{i}].recipe",
+                  f"{s.recipe!r} changes {changed}, which are built into the model once per trial; "
+                  "a stage may not change them")
+    check(len(open_ended) <= 1, "stages", f"at most one stage may have steps=0 (the rest), got stages {open_ended}")
+    if sizes_ok and open_ended:
+        check(fixed < tr.steps, "stages",
+              f"the stages' fixed steps ({fixed}) must leave at least one step of train.steps={tr.steps} for the "
+              f"stage with steps=0")
+    elif sizes_ok:
+        check(fixed == tr.steps, "stages", f"the stages' steps must add up to train.steps={tr.steps}, got {fixed}")
     return errs
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Flat dict boundary (Ray Tune param_space, MLflow params)
 
-_SECTIONS = {f.name: f.type for f in fields(TrialConfig)}
+_SECTIONS = {f.name: f.type for f in fields(TrialConfig) if f.name != "stages"}
+STAGES_KEY = "stages"
+"""Flat key of ``TrialConfig.stages``: ``"steps:recipe:frozen:share"`` per stage, comma-separated
+(``"0::none:0.0"``)."""
+
+
+def format_stages(stages: tuple[StageConfig, ...]) -> str:
+    """``(StageConfig(), StageConfig(recipe="stretch_ramp", share=0.1))`` -> ``"0::none:0.0,0:stretch_ramp:none:0.1"``
+    (``steps:recipe:frozen:share`` per stage)."""
+    return ",".join(f"{s.steps}:{s.recipe}:{s.frozen}:{s.share!r}" for s in stages)
+
+
+def parse_stages(text: str) -> tuple[StageConfig, ...]:
+    """Inverse of :func:`format_stages`; ``ValueError`` for an item that is not ``steps:recipe:frozen:share``."""
+    out = []
+    for item in str(text).split(","):
+        parts = item.strip().split(":")
+        if len(parts) != 4:
+            raise ValueError(f"stage {item!r} is not 'steps:recipe:frozen:share'")
+        out.append(StageConfig(steps=int(parts[0]), recipe=parts[1].strip(), frozen=parts[2].strip(),
+                               share=float(parts[3])))
+    return tuple(out)
 
 
 def to_flat(cfg: TrialConfig) -> dict[str, typing.Any]:
@@ -279,6 +406,9 @@ def to_flat(cfg: TrialConfig) -> dict[str, typing.Any]:
     flat: dict[str, typing.Any] = {}
     for section in fields(cfg):
         sub = getattr(cfg, section.name)
+        if section.name == "stages":
+            flat[STAGES_KEY] = format_stages(sub)
+            continue
         for f in fields(sub):
             value = getattr(sub, f.name)
             if isinstance(value, tuple):
@@ -297,7 +427,14 @@ def from_flat(flat: typing.Mapping[str, typing.Any], base: TrialConfig | None = 
     cfg = base or TrialConfig()
     updates: dict[str, dict[str, typing.Any]] = {}
     errs: list[str] = []
+    stages = cfg.stages
     for key, raw in flat.items():
+        if key == STAGES_KEY:
+            try:
+                stages = raw if isinstance(raw, tuple) else parse_stages(raw)
+            except ValueError as e:
+                errs.append(f"{key}: cannot read {raw!r} ({e})")
+            continue
         section, _, name = key.partition(".")
         sub = getattr(cfg, section, None) if section in _SECTIONS else None
         hints = typing.get_type_hints(type(sub)) if sub is not None else {}
@@ -310,7 +447,7 @@ def from_flat(flat: typing.Mapping[str, typing.Any], base: TrialConfig | None = 
             errs.append(f"{key}: cannot read {raw!r} as {hints[name]} ({e})")
     if errs:
         raise ValueError("invalid trial config:\n  - " + "\n  - ".join(errs))
-    return replace(cfg, **{s: replace(getattr(cfg, s), **u) for s, u in updates.items()})
+    return replace(cfg, **{s: replace(getattr(cfg, s), **u) for s, u in updates.items()}, stages=stages)
 
 
 def _convert(raw: typing.Any, hint: typing.Any) -> typing.Any:

@@ -81,10 +81,11 @@ def par_loss(logits_KBQV: torch.Tensor, iterations: list[int], states_BDQ: torch
     )
 
 
-def model_vocab_size(task, recipe_cfg) -> int:
-    """Readout vocabulary of a random-init model for ``task`` under ``recipe_cfg``: the task's tokens, plus one class
-    per whole-task state when ``recipe_cfg.dense_targets`` (state class i is token ``task.vocab_size + i``)."""
-    return task.vocab_size + (task.num_states + int(recipe_cfg.dense_pending) if recipe_cfg.dense_targets else 0)
+def dense_classes(task, recipe_cfg) -> int:
+    """Readout classes the dense progress targets add after the rest of a random-init model's vocabulary (the task's
+    tokens and any halting tokens): one per whole-task state, plus "pending" with ``recipe_cfg.dense_pending``; 0 when
+    ``recipe_cfg.dense_targets`` is off."""
+    return task.num_states + int(recipe_cfg.dense_pending) if recipe_cfg.dense_targets else 0
 
 
 def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progress_ids_BD: torch.Tensor,
@@ -117,3 +118,67 @@ def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progre
     per_k_K = ce_KBD.sum(dim=(1, 2)) / (mask_KD.sum(-1) * target_KBD.shape[1])
     right_KBD = (logits_KBDV.detach().argmax(-1) == target_KBD) | ~mask_KD[:, None]
     return LossOutput(loss=per_k_K.mean(), per_iteration_K=per_k_K.detach(), correct_KBQ=right_KBD)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Learned halting (paper §3, "Learned Halting"): is the computation complete after iteration k?
+
+
+def halting_targets(iterations: list[int], depth: int, ops_per_iteration: int) -> list[int]:
+    """1 (Yes) for iteration k when c·k >= d, else 0 (No). Forced depth (R = ⌈d/c⌉): only k = R is Yes; under the
+    hold schedule every k >= ⌈d/c⌉ is Yes."""
+    return [int(ops_per_iteration * k >= depth) for k in iterations]
+
+
+def halting_class_weights(targets_K: torch.Tensor) -> torch.Tensor:
+    """Per-iteration weights (K,) inversely proportional to each class's frequency among ``targets_K`` (0/1).
+
+    w_c = K / (C · n_c) with C the number of classes present, so Σ_k w_k = K and the weighted mean of a loss is the
+    mean over present classes of each class's mean loss. Every row of a step has the same depth, so the frequencies
+    over the step's (K × B) targets equal those over its K iterations, on one rank or many.
+    """
+    counts = torch.stack([(targets_K == c).sum() for c in (0, 1)]).to(torch.float32)
+    present = (counts > 0).sum()
+    per_class = targets_K.numel() / (present * counts.clamp_min(1))
+    return per_class[targets_K]
+
+
+@dataclass
+class HaltLossOutput:
+    loss: torch.Tensor
+    """Scalar: class-balanced cross-entropy of the Yes/No readout over supervised iterations and batch."""
+    targets_K: torch.Tensor
+    """(K,) 0/1 targets (1 = Yes)."""
+    weights_K: torch.Tensor
+    """(K,) class weights (:func:`halting_class_weights`)."""
+    correct_KB: torch.Tensor
+    """(K, B) bool: P(Yes) > 0.5 equals the target."""
+
+
+def halting_loss(yes_no_logits_KB2: torch.Tensor, iterations: list[int], depth: int,
+                 ops_per_iteration: int) -> HaltLossOutput:
+    """Class-balanced cross-entropy of the halting readout (§3, "Learned Halting").
+
+        L_halt = Σ_{k,b} w_{y_k} · CE(h_{k,b}, y_k) / (K · B),   y_k = [c·k >= d]
+
+    with w from :func:`halting_class_weights`.
+
+    The joint PAR objective is ``par_loss + halt_weight × L_halt`` (``RecipeConfig.halt_weight``, 0.5 in the paper).
+
+    Args:
+        yes_no_logits_KB2: (K, B, 2) logits of (No, Yes) at the halting position of iterations ``iterations``.
+        iterations: 1-based iteration index of each of the K rows.
+        depth: d of the step; ops_per_iteration: c.
+    """
+    targets_K = torch.tensor(halting_targets(iterations, depth, ops_per_iteration),
+                             device=yes_no_logits_KB2.device)
+    weights_K = halting_class_weights(targets_K)
+    K, B, _ = yes_no_logits_KB2.shape
+    target_KB = targets_K[:, None].expand(K, B)
+    ce_KB = F.cross_entropy(yes_no_logits_KB2.float().flatten(0, 1), target_KB.flatten(), reduction="none").view(K, B)
+    return HaltLossOutput(
+        loss=(ce_KB * weights_K[:, None]).mean(),
+        targets_K=targets_K,
+        weights_K=weights_K,
+        correct_KB=yes_no_logits_KB2.detach().argmax(-1) == target_KB,
+    )

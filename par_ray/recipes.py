@@ -10,14 +10,24 @@ A recipe is a plain function ``TrialConfig -> TrialConfig`` (torchtitan derives 
 | final_answer  | every iteration supervised with the final answer z_d (baseline, §5 ablation)     |
 | no_anchor     | PAR without RMS norm anchoring (§3.3 ablation)                                   |
 | untied        | core weights not shared across iterations: the deeper-model baseline             |
-| stretch       | PAR with positional stretch s ~ U[1, 8] (§3.4)                                   |
+| stretch       | PAR, then a stretch stage (last 10 % of steps): s ~ U[1, s_max], s_max 1 → 8 (§3.4) |
+| par_halt      | par_hold + learned halting, joint loss PAR + 0.5 × balanced halting CE (§3)      |
+| par_halt_posthoc | par_hold, then a halting read-out stage (last 10 %), all but the coda frozen   |
+| stretch_ramp  | stage recipe: the current recipe with s ~ U[1, s_max], s_max ramped 1 → 8        |
+| halt_readout  | stage recipe: the current recipe with the halting loss switched on               |
+
+Stage recipes change only the ``recipe`` section and keep the rest of the trial's recipe, so a stage that names one
+continues the trial's method with one thing added (``par_ray.stages``). Halting recipes train on the hold schedule:
+the k-of-n rule reads P(Yes) at iterations past ⌈d/c⌉, which forced-depth steps never reach (they would only ever
+see Yes at k = ⌈d/c⌉).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
-from par_ray.config import TrialConfig, with_overrides
+from par_ray.config import RecipeConfig, StageConfig, TrialConfig, with_overrides
 
 
 def par(cfg: TrialConfig) -> TrialConfig:
@@ -45,13 +55,47 @@ def untied(cfg: TrialConfig) -> TrialConfig:
     return with_overrides(par(cfg), recipe=dict(name="untied", tied=False, max_iterations=n))
 
 
+FINE_TUNE_SHARE = 0.1
+"""A fine-tuning stage takes this share of ``train.steps`` (at least 1 step), from the trial's budget."""
+
+
+def stretch_ramp(cfg: TrialConfig) -> TrialConfig:
+    return with_overrides(cfg, recipe=dict(name="stretch_ramp", stretch_max=8.0, stretch_ramp=True))
+
+
+def halt_readout(cfg: TrialConfig) -> TrialConfig:
+    return with_overrides(cfg, recipe=dict(name="halt_readout", halting=True))
+
+
+def par_halt(cfg: TrialConfig) -> TrialConfig:
+    return with_overrides(par_hold(cfg), recipe=dict(name="par_halt", halting=True))
+
+
+def par_halt_posthoc(cfg: TrialConfig) -> TrialConfig:
+    cfg = with_overrides(par_hold(cfg), recipe=dict(name="par_halt_posthoc"))
+    return dataclasses.replace(cfg, stages=(StageConfig(), StageConfig(share=FINE_TUNE_SHARE, recipe="halt_readout",
+                                                                       frozen="all_but_coda")))
+
+
 def stretch(cfg: TrialConfig) -> TrialConfig:
-    return with_overrides(par(cfg), recipe=dict(name="stretch", stretch_max=8.0))
+    cfg = with_overrides(par(cfg), recipe=dict(name="stretch"))
+    return dataclasses.replace(cfg, stages=(StageConfig(), StageConfig(share=FINE_TUNE_SHARE,
+                                                                       recipe="stretch_ramp")))
+
 
 
 RECIPES: dict[str, Callable[[TrialConfig], TrialConfig]] = {
-    f.__name__: f for f in (par, par_hold, final_answer, no_anchor, untied, stretch)
+    f.__name__: f for f in (par, par_hold, final_answer, no_anchor, untied, stretch, par_halt, par_halt_posthoc,
+                            stretch_ramp, halt_readout)
 }
+
+
+def stage_recipe(cfg: TrialConfig, stage: StageConfig) -> RecipeConfig:
+    """The recipe section stage ``stage`` trains with: ``cfg.recipe`` when ``stage.recipe`` is ``""``, else the
+    ``recipe`` section of that named recipe applied to ``cfg``. ``ValueError`` naming an unknown recipe."""
+    if not stage.recipe:
+        return cfg.recipe
+    return apply_recipe(cfg, stage.recipe).recipe
 
 
 def apply_recipe(cfg: TrialConfig, name: str) -> TrialConfig:

@@ -7,7 +7,8 @@ replays exactly the schedule it would have seen. Streams are separated with ``nu
   ``recipe.extra_iterations = m``, a par_ray option: iterations past d / c keep z_d).
 - hold: d as above, R = 1 + Poisson(λ) capped at ``max_iterations``; iterations past d / c keep z_d (the objective's
   min(c·k, d) does this).
-- positional stretch (§3.4): s ~ U[1, s_max] per step (s_max = 1 disables it).
+- positional stretch (§3.4): s ~ U[1, s_max] per step (s_max = 1 disables it); in the paper's stretch stage s_max
+  itself is ramped linearly from 1 to ``stretch_max`` over the stage (:func:`stretch_cap`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,21 @@ class StepPlan:
     """Positional stretch factor s."""
 
 
-def plan_step(task_cfg, recipe_cfg, seed: int, step: int) -> StepPlan:
+def stretch_cap(stretch_max: float, step_in_stage: int, stage_steps: int) -> float:
+    """s_max of step ``step_in_stage`` (0-based) of a ramped stretch stage of ``stage_steps`` steps: linear from 1.0
+    at the stage's first step to ``stretch_max`` at its last (a one-step stage runs at ``stretch_max``)."""
+    if stage_steps <= 1:
+        return float(stretch_max)
+    return 1.0 + (float(stretch_max) - 1.0) * min(max(step_in_stage, 0), stage_steps - 1) / (stage_steps - 1)
+
+
+def plan_step(task_cfg, recipe_cfg, seed: int, step: int, stretch_max: float | None = None) -> StepPlan:
     """The (d, R, s) of training step ``step`` of a trial seeded ``seed``.
 
     Args:
         task_cfg: ``TaskConfig`` (train_depth, min_train_depth).
         recipe_cfg: ``RecipeConfig`` (ops_per_iteration, depth_schedule, hold_lambda, max_iterations, stretch_max).
+        stretch_max: s_max of this step in place of ``recipe_cfg.stretch_max`` (the ramp of :func:`stretch_cap`).
     """
     rng = np.random.default_rng(np.random.SeedSequence([_SCHEDULE_STREAM, seed, step]))
     depth = int(rng.integers(task_cfg.min_train_depth, task_cfg.train_depth + 1))
@@ -51,5 +61,6 @@ def plan_step(task_cfg, recipe_cfg, seed: int, step: int) -> StepPlan:
     else:
         raise ValueError(f"recipe.depth_schedule: {recipe_cfg.depth_schedule!r} is not one of ['forced', 'hold']")
     R = min(R, recipe_cfg.max_iterations)
-    stretch = float(rng.uniform(1.0, recipe_cfg.stretch_max)) if recipe_cfg.stretch_max > 1.0 else 1.0
+    s_max = recipe_cfg.stretch_max if stretch_max is None else stretch_max
+    stretch = float(rng.uniform(1.0, s_max)) if s_max > 1.0 else 1.0
     return StepPlan(step=step, depth=depth, R=R, stretch=stretch)

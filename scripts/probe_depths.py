@@ -20,7 +20,9 @@ import torch
 
 from par_ray.config import from_flat
 from par_ray.model.looped import build_looped
-from par_ray.objectives import model_vocab_size
+from par_ray.halting import model_vocab_size
+from par_ray.objectives import dense_classes
+from par_ray.stages import uses_halting
 from par_ray.tasks import build_task
 
 
@@ -33,7 +35,8 @@ def main() -> None:
     args = p.parse_args()
     cfg = from_flat(json.load(open(os.path.join(args.run, "result.json")))["config"])
     task = build_task(cfg.task)
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=model_vocab_size(task, cfg.recipe))
+    base_vocab = model_vocab_size(task, cfg.backbone, uses_halting(cfg))  # as the training loop builds it
+    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=base_vocab + dense_classes(task, cfg.recipe))
     model.load_state_dict(torch.load(os.path.join(args.run, "final", "state.pt"), weights_only=True)["model"])
     model.eval()
     c = cfg.recipe.ops_per_iteration
@@ -57,7 +60,7 @@ def main() -> None:
         if cfg.recipe.targets == "progress":  # elsewhere the queries are not trained on z_k before the end
             print(diagnosis(hits, cfg.task.train_depth, c))
         if cfg.recipe.dense_targets:
-            frontier = frontier_by_iteration(model, ep, -(-d // c), task.vocab_size)
+            frontier = frontier_by_iteration(model, ep, -(-d // c), base_vocab)
             print(f"\nat depth {d}: frontier (operations whose state is right in >= 90 % of sequences) per iteration")
             print("k:        " + " ".join(f"{k:>4}" for k in range(1, len(frontier) + 1)))
             print("frontier: " + " ".join(f"{f:>4}" for f in frontier))

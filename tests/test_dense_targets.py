@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from par_ray.config import BackboneConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig
 from par_ray.model.looped import build_looped
-from par_ray.objectives import dense_progress_loss, model_vocab_size
+from par_ray.objectives import dense_classes, dense_progress_loss
 from par_ray.schedules import plan_step
 from par_ray.tasks import build_task, get_task
 from par_ray.tasks.common import Filler, RecentFirst
@@ -94,9 +94,9 @@ def test_dense_step_trains_every_readout_and_keeps_the_query_accuracy():
     torch.set_num_threads(1)
     task_cfg, recipe = TaskConfig(train_depth=4), RecipeConfig(dense_targets=True, extra_iterations=2, grad_window=3)
     task = build_task(task_cfg)
-    assert model_vocab_size(task, recipe) == task.vocab_size + 120
+    assert dense_classes(task, recipe) == 120
     torch.manual_seed(0)
-    model = build_looped(BackboneConfig(), recipe, vocab_size=model_vocab_size(task, recipe))
+    model = build_looped(BackboneConfig(), recipe, vocab_size=task.vocab_size + dense_classes(task, recipe))
     engine = prepare(model, TrainConfig(batch_size=8, warmup_steps=0), World())
     losses = [train_step(engine, task, task_cfg, recipe, 0, step, 8).loss for step in range(3)]
     # query CE starts near ln(V) and the dense CE near ln(V) too: their sum
@@ -188,6 +188,6 @@ def test_pending_class_supervises_every_position_past_the_frontier():
     out.loss.backward()
     assert (logits.grad.abs().sum(-1) > 0).all()  # every position of every iteration is trained
     recipe = RecipeConfig(dense_targets=True, dense_pending=True)
-    assert model_vocab_size(get_task("swap_s5"), recipe) == get_task("swap_s5").vocab_size + 121
+    assert dense_classes(get_task("swap_s5"), recipe) == 121
     with pytest.raises(ValueError, match="recipe.dense_pending"):
         TrialConfig(recipe=RecipeConfig(dense_pending=True)).validate()

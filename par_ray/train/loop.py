@@ -7,6 +7,8 @@ single-process trainer (``python -m par_ray.train``) runs the *same* function th
 Per step: plan (d, R, s) from (seed, step) → the rank's shard of the global batch → :func:`train_step`. Every
 ``report_every`` steps: metrics; every ``eval_every``: accuracy by depth, d50, G; every ``checkpoint_every``: a
 checkpoint with the report. The last report always carries a checkpoint, so ``Result.metrics`` holds final metrics.
+A trial is a list of stages (``par_ray.stages``): global step → (stage, step in stage) is pure, so the stage's recipe,
+frozen parts and stretch ramp follow from the step alone, on a fresh run and on one resumed mid-stage.
 Marked ``# ray`` lines are the only Ray calls.
 """
 
@@ -20,10 +22,13 @@ import ray.train  # ray
 import torch
 
 from par_ray.config import TrialConfig
-from par_ray.evaluation import accuracy_by_depth, extrapolation
+from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics
+from par_ray.halting import halt_tokens, model_vocab_size
 from par_ray.model.looped import build_looped
-from par_ray.objectives import model_vocab_size
+from par_ray.objectives import dense_classes
 from par_ray.tasks import build_task
+from par_ray.schedules import stretch_cap
+from par_ray.stages import frozen_parameters, resolve_stages, stage_at, uses_halting
 from par_ray.train.step import train_step
 from par_ray.train.strategies import World, prepare
 
@@ -40,10 +45,15 @@ class _Silent:
         pass
 
 
-def eval_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
-    """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``."""
+def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict[str, float]:
+    """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``.
+
+    ``recipe``: the current stage's recipe (default ``cfg.recipe``); when it trains halting (and ``halt`` holds the
+    halting tokens), also the halting-vs-oracle metrics of :func:`par_ray.evaluation.halting_metrics`.
+    """
     world = engine.world
-    acc = accuracy_by_depth(engine.model, task, cfg.eval, cfg.recipe.ops_per_iteration, engine.device,
+    recipe = recipe or cfg.recipe
+    acc = accuracy_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, engine.device,
                             world.rank, world.size, engine.all_reduce_sum)
     ex = extrapolation({d: v["acc"] for d, v in acc.items()}, task.full_state_chance, cfg.task.train_depth)
     out = {"chance": task.full_state_chance, "G": ex.G, "G_censored": float(ex.censored)}
@@ -52,6 +62,10 @@ def eval_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
     for d, v in acc.items():
         out[f"acc_d{d}"] = v["acc"]
         out[f"acc_query_d{d}"] = v["acc_query"]
+    if recipe.halting and halt is not None:
+        res = halting_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, halt, engine.device,
+                               world.rank, world.size, engine.all_reduce_sum)
+        out.update(halting_metrics(res, recipe.ops_per_iteration))
     return out
 
 
@@ -72,8 +86,12 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     task = build_task(cfg.task)  # evaluation prompts
     train_task = build_task(cfg.task, train=True)  # the same, or with TaskConfig.train_filler separators
+    stages = resolve_stages(cfg)
+    halting = uses_halting(cfg)  # then the vocabulary gains the halting tokens from the start (par_ray.halting)
+    halt = halt_tokens(task, cfg.backbone) if halting else None
     torch.manual_seed(tc.seed)  # identical init on every rank
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=model_vocab_size(task, cfg.recipe))
+    base_vocab = model_vocab_size(task, cfg.backbone, halting)  # task tokens (+ halting tokens)
+    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=base_vocab + dense_classes(task, cfg.recipe))
     engine = prepare(model, tc, world)
 
     start, train_seconds = 0, 0.0
@@ -86,11 +104,19 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     last_eval: dict[str, float] = {}
     window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
+    stage, frozen = None, []
     for step in range(start, tc.steps):
         if step == tc.fail_at_step and checkpoint is None:
             _kill_rank_zero(engine)  # fault injection, once: the restarted group resumes from a checkpoint
-        res = train_step(engine, train_task, cfg.task, cfg.recipe, tc.seed, step, tc.batch_size, world.rank,
-                         world.size)
+        now, in_stage = stage_at(stages, step)
+        if now is not stage:
+            stage, frozen = now, frozen_parameters(engine.raw, now.frozen)
+            if len(stages) > 1:
+                log(f"stage {stage.index}: steps {stage.start}..{stage.end}, recipe {stage.recipe.name}, "
+                    f"frozen {stage.frozen}")
+        s_max = stretch_cap(stage.recipe.stretch_max, in_stage, stage.steps) if stage.recipe.stretch_ramp else None
+        res = train_step(engine, train_task, cfg.task, stage.recipe, tc.seed, step, tc.batch_size, world.rank,
+                         world.size, halt=halt, stretch_max=s_max, frozen=frozen, dense_offset=base_vocab)
         train_seconds += res.seconds
         window["loss"] += res.loss
         window["seconds"] += res.seconds
@@ -99,7 +125,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         done = step + 1
         is_last = done == tc.steps
         if done % tc.eval_every == 0 or is_last:
-            last_eval = eval_metrics(engine, task, cfg)
+            last_eval = eval_metrics(engine, task, cfg, stage.recipe, halt)
         want_ckpt = is_last or (tc.checkpoint_every and done % tc.checkpoint_every == 0)
         if done % tc.report_every == 0 or is_last or want_ckpt:
             n = max(window["n"], 1)
@@ -109,6 +135,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
             window_loss, last_loss, train_acc, *rest = _mean_over_ranks(
                 engine, [window["loss"], res.loss, res.accuracy, *res.per_iteration, *res.state_rms])
             per_iteration, state_rms = rest[:K], rest[K:]
+            halt_train = {}
+            if res.halt_loss is not None:  # the same stage on every rank, so every rank joins this all-reduce
+                halt_loss, halt_acc = _mean_over_ranks(engine, [res.halt_loss, res.halt_accuracy])
+                halt_train = {"halt_loss": halt_loss, "halt_train_acc": halt_acc}
             metrics = {
                 "step": done,
                 "loss": window_loss / n,
@@ -124,6 +154,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 "tokens_per_s": window["tokens"] * world.size / max(window["seconds"], 1e-9),
                 "peak_memory_mb": _peak_memory_mb(world.device),
                 "train_seconds": train_seconds,
+                "stage": stage.index,
+                **halt_train,
                 **last_eval,
             }
             log(f"step {done:>6}/{tc.steps}  loss {metrics['loss']:.4f}  "

@@ -4,6 +4,10 @@ One step: sample the step's episode batch (d, R, s from :func:`par_ray.schedules
 with the gradient window, apply the PAR (or final-answer) loss to every iteration in the window (plus the dense
 progress loss at the operation positions when ``recipe.dense_targets``), backward, and let the strategy's engine
 step the optimizer.
+
+With ``recipe_cfg.halting`` the prompts get the halting query token appended (``par_ray.halting``) and the loss is the
+joint PAR + ``halt_weight`` × class-balanced halting cross-entropy. A stage's frozen parameters have their gradients
+dropped before the optimizer step (``par_ray.stages``).
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from par_ray.objectives import dense_progress_loss, par_loss
+from par_ray.halting import HaltTokens, with_halt_query, yes_no_logits
+from par_ray.objectives import dense_progress_loss, halting_loss, par_loss
 from par_ray.schedules import StepPlan, plan_step
 
 
@@ -32,38 +37,64 @@ class StepResult:
     seconds: float
     tokens: int
     """Tokens processed by this rank (B_local × T × R)."""
+    halt_loss: float | None = None
+    """Class-balanced halting cross-entropy (unweighted), when the step's recipe trains halting."""
+    halt_accuracy: float | None = None
+    """Fraction of (iteration, row) halting decisions (P(Yes) > 0.5) equal to the target, when halting."""
 
 
 def train_step(engine, task, task_cfg, recipe_cfg, seed: int, step: int, global_batch: int, rank: int = 0,
-               world_size: int = 1) -> StepResult:
+               world_size: int = 1, *, halt: HaltTokens | None = None, stretch_max: float | None = None,
+               frozen: list[torch.nn.Parameter] | tuple = (), dense_offset: int | None = None) -> StepResult:
     """Run training step ``step`` on this rank's shard of the global batch.
 
     The global batch of step ``step`` is a pure function of (task, d, seed, step); rank r takes rows r::world_size,
     so any world size sees the same global batch as a single process. ``engine`` is a
     :class:`par_ray.train.strategies.Engine`.
+
+    Args:
+        halt: the halting token ids; required when ``recipe_cfg.halting``.
+        stretch_max: this step's stretch cap (a ramped stretch stage), passed to :func:`plan_step`.
+        frozen: parameters whose gradients are dropped before the optimizer step (a stage's frozen parts).
+        dense_offset: token id of dense state class 0 (``recipe.dense_targets``): the model vocabulary without the
+            dense classes; ``None`` = ``task.vocab_size`` (no halting tokens).
+    Raises:
+        ValueError: ``recipe_cfg.halting`` without ``halt`` tokens.
     """
     t0 = time.perf_counter()
-    plan = plan_step(task_cfg, recipe_cfg, seed, step)
+    halting = getattr(recipe_cfg, "halting", False)
+    if halting and halt is None:
+        raise ValueError("recipe.halting: train_step needs the halting token ids (halt=HaltTokens)")
+    plan = plan_step(task_cfg, recipe_cfg, seed, step, stretch_max=stretch_max)
     ep = task.sample(plan.depth, global_batch, seed=seed, step=step)
+    if halting:
+        ep = with_halt_query(ep, halt.query)
     device = engine.device
     ids_BT = ep.input_ids[rank::world_size].to(device)
     states_BDQ = ep.states[rank::world_size].to(device)
     reads_Q = ep.read_positions.to(device)
-    Q = reads_Q.shape[0]
+    n_read = reads_Q.shape[0]
     if recipe_cfg.dense_targets:  # one readout over the operation positions and the queries
         reads_Q = torch.cat([reads_Q, ep.op_positions.to(device)])
     with engine.autocast():
         out = engine.model(ids_BT, reads_Q, plan.R, recipe_cfg.grad_window, plan.stretch, "window")
-        lo = par_loss(out.logits_KBQV[:, :, :Q], out.iterations, states_BDQ, recipe_cfg.ops_per_iteration,
-                      recipe_cfg.targets)
-        loss = lo.loss
+        read_logits = out.logits_KBQV[:, :, :n_read]  # the answers (+ the halting query, last)
+        answer_logits = read_logits[:, :, :-1] if halting else read_logits
+        lo = par_loss(answer_logits, out.iterations, states_BDQ, recipe_cfg.ops_per_iteration, recipe_cfg.targets)
+        loss, ho = lo.loss, None
+        if halting:
+            ho = halting_loss(yes_no_logits(read_logits[:, :, -1], halt), out.iterations, plan.depth,
+                              recipe_cfg.ops_per_iteration)
+            loss = loss + recipe_cfg.halt_weight * ho.loss
         if recipe_cfg.dense_targets:
-            dense = dense_progress_loss(out.logits_KBQV[:, :, Q:], out.iterations,
+            offset = task.vocab_size if dense_offset is None else dense_offset
+            dense = dense_progress_loss(out.logits_KBQV[:, :, n_read:], out.iterations,
                                         ep.progress_ids[rank::world_size].to(device), recipe_cfg.ops_per_iteration,
-                                        task.vocab_size,
-                                        task.vocab_size + task.num_states if recipe_cfg.dense_pending else None)
+                                        offset, offset + task.num_states if recipe_cfg.dense_pending else None)
             loss = loss + dense.loss
     engine.backward(loss)
+    for p in frozen:  # AdamW skips parameters without a gradient: no update, no momentum, no weight decay
+        p.grad = None
     grad_norm = engine.step()
     return StepResult(
         plan=plan,
@@ -75,4 +106,6 @@ def train_step(engine, task, task_cfg, recipe_cfg, seed: int, step: int, global_
         grad_norm=float(grad_norm),
         seconds=time.perf_counter() - t0,
         tokens=ids_BT.numel() * plan.R,
+        halt_loss=None if ho is None else ho.loss.item(),
+        halt_accuracy=None if ho is None else ho.correct_KB.float().mean().item(),
     )

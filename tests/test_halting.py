@@ -1,0 +1,302 @@
+"""Learned halting (paper §3): targets and class weights, the balanced loss, the k-of-n rule, halting evaluation,
+the halting query position and tokens, and a training step with halting and frozen parts."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig
+from par_ray.evaluation import halt_max_iterations, halting_by_depth, halting_metrics, k_of_n_stop
+from par_ray.halting import (HaltTokens, model_vocab_size, p_yes, task_halt_tokens, tokenizer_halt_tokens,
+                             with_halt_query, yes_no_logits)
+from par_ray.model.looped import LoopedOutput, build_looped
+from par_ray.objectives import halting_class_weights, halting_loss, halting_targets, par_loss
+from par_ray.stages import frozen_parameters
+from par_ray.tasks import get_task
+from par_ray.train.step import train_step
+from par_ray.train.strategies import World, prepare
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# targets, class weights, loss
+
+
+def test_targets_forced_depth_window_has_one_yes():
+    # forced depth: d = 5, c = 1 -> R = 5; a window of 3 reads k = 3, 4, 5: only k = R says Yes
+    assert halting_targets([3, 4, 5], 5, 1) == [0, 0, 1]
+    # c = 2, d = 5 -> R = 3: 2·3 = 6 >= 5
+    assert halting_targets([1, 2, 3], 5, 2) == [0, 0, 1]
+    w = halting_class_weights(torch.tensor([0, 0, 1]))
+    assert w.tolist() == pytest.approx([3 / (2 * 2), 3 / (2 * 2), 3 / (2 * 1)])  # K / (C · n_c)
+
+
+def test_targets_hold_steps_keep_yes_past_d_over_c():
+    # hold: d = 3, R = 7, window k = 1..7: Yes from k = 3 on
+    assert halting_targets(list(range(1, 8)), 3, 1) == [0, 0, 1, 1, 1, 1, 1]
+    w = halting_class_weights(torch.tensor([0, 0, 1, 1, 1, 1, 1]))
+    assert w[:2].tolist() == pytest.approx([7 / 4] * 2) and w[2:].tolist() == pytest.approx([7 / 10] * 5)
+    # a window entirely past d / c has one class: weights 1, a plain mean
+    assert halting_targets([4, 5, 6], 3, 1) == [1, 1, 1]
+    assert halting_class_weights(torch.tensor([1, 1, 1])).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_balanced_loss_is_mean_of_class_means():
+    torch.manual_seed(0)
+    K, B = 4, 6
+    logits = torch.randn(K, B, 2, requires_grad=True)
+    out = halting_loss(logits, [1, 2, 3, 4], 2, 1)  # targets 0, 1, 1, 1
+    assert out.targets_K.tolist() == [0, 1, 1, 1]
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, 2), out.targets_K.repeat_interleave(B),
+                                           reduction="none").view(K, B)
+    want = 0.5 * ce[0].mean() + 0.5 * ce[1:].mean()
+    assert torch.allclose(out.loss, want)
+    out.loss.backward()
+    assert logits.grad.abs().sum() > 0
+    assert out.correct_KB.shape == (K, B)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the k-of-n rule
+
+
+def _stop(seq, k=6, n=8, tau=0.5):
+    R, halted = k_of_n_stop(torch.tensor(seq, dtype=torch.float32)[:, None], k, n, tau)
+    return int(R[0]), bool(halted[0])
+
+
+LO, HI = 0.1, 0.9
+
+
+def test_rule_fires_at_first_qualifying_R():
+    # R = 1 exceeds tau but its window holds only 1 of 8; from R = 5 on, eight in a row
+    seq = [HI, LO, LO, LO] + [HI] * 8 + [LO] * 8
+    assert _stop(seq) == (5, True)
+    # a qualifying window that starts on an iteration below tau does not fire there: R must itself exceed tau
+    seq = [LO, HI, HI, HI, HI, HI, HI, LO, LO, LO, LO, LO]
+    assert _stop(seq) == (2, True)
+
+
+def test_exactly_six_of_eight_passes_five_does_not():
+    six = [LO, LO] + [HI, HI, LO, HI, HI, LO, HI, HI] + [LO] * 10
+    assert _stop(six) == (3, True)
+    five = [LO, LO] + [HI, HI, LO, HI, LO, LO, HI, HI] + [LO] * 10
+    assert _stop(five) == (len(five), False)
+    # tau is strict: P(Yes) == tau does not count
+    assert _stop([0.5] * 20) == (20, False)
+
+
+def test_never_fires_is_answered_at_R_max():
+    R, halted = k_of_n_stop(torch.full((12, 3), 0.3), 6, 8, 0.5)
+    assert R.tolist() == [12, 12, 12] and not halted.any()
+
+
+def test_window_running_past_R_max_counts_only_run_iterations():
+    # R_max = 10: from R = 5 the window 5..12 has only 5..10 run; six of them exceed tau -> fires at 5
+    assert _stop([LO] * 4 + [HI] * 6) == (5, True)
+    # only five left above tau before R_max: never fires
+    assert _stop([LO] * 5 + [HI] * 5) == (10, False)
+    # n larger than R_max altogether
+    assert _stop([HI] * 4, k=4, n=8) == (1, True)
+
+
+def test_rule_is_vectorised_over_sequences():
+    seqs = torch.tensor([[LO] * 2 + [HI] * 8, [HI] * 10, [LO] * 10]).T  # (R_max=10, B=3)
+    R, halted = k_of_n_stop(seqs, 6, 8, 0.5)
+    assert R.tolist() == [3, 1, 10] and halted.tolist() == [True, True, False]
+
+
+@pytest.mark.parametrize("k,n,tau,field", [(7, 6, 0.5, "eval.halt_k"), (0, 8, 0.5, "eval.halt_k"),
+                                           (6, 8, 0.0, "eval.halt_tau"), (6, 8, 1.0, "eval.halt_tau")])
+def test_rule_rejects_bad_parameters(k, n, tau, field):
+    with pytest.raises(ValueError, match=field):
+        k_of_n_stop(torch.zeros(8, 1), k, n, tau)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# tokens and the halting query position
+
+
+def test_task_vocabulary_gains_three_ids_only_with_halting():
+    task = get_task("swap_s5")
+    tok = task_halt_tokens(task.vocab_size)
+    assert (tok.query, tok.yes, tok.no) == (task.vocab_size, task.vocab_size + 1, task.vocab_size + 2)
+    assert model_vocab_size(task, BackboneConfig(), halting=False) == task.vocab_size
+    assert model_vocab_size(task, BackboneConfig(), halting=True) == task.vocab_size + 3
+    assert model_vocab_size(task, BackboneConfig(pretrained="/some/dir"), halting=True) == task.vocab_size
+
+
+class _Tokenizer:
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def encode(self, text, add_special_tokens=True):
+        return self.vocab[text]
+
+
+def test_pretrained_parents_use_the_tokenizers_yes_and_no():
+    tok = tokenizer_halt_tokens(_Tokenizer({"?": [30], " Yes": [7414], " No": [2308]}))
+    assert tok == HaltTokens(query=30, yes=7414, no=2308)
+    with pytest.raises(ValueError, match="backbone.pretrained"):
+        tokenizer_halt_tokens(_Tokenizer({"?": [30], " Yes": [1, 2], " No": [2308]}))
+
+
+def test_halt_query_is_appended_and_leaves_answers_unchanged():
+    task = get_task("swap_s5")
+    ep = task.sample(5, 3, seed=1)
+    tok = task_halt_tokens(task.vocab_size)
+    hep = with_halt_query(ep, tok.query)
+    T = ep.input_ids.shape[1]
+    assert torch.equal(hep.input_ids[:, :T], ep.input_ids) and (hep.input_ids[:, T] == tok.query).all()
+    assert hep.read_positions.tolist() == [*ep.read_positions.tolist(), T] and hep.states is ep.states
+    torch.manual_seed(0)
+    model = build_looped(BackboneConfig(), RecipeConfig(), vocab_size=task.vocab_size + 3)
+    plain = model.iterate(ep.input_ids, ep.read_positions, 4, read="all").logits_KBQV
+    with_q = model.iterate(hep.input_ids, hep.read_positions, 4, read="all").logits_KBQV
+    assert torch.allclose(with_q[:, :, :-1], plain, atol=1e-5)  # causal: the appended token changes no answer
+    p = p_yes(with_q[:, :, -1], tok)
+    assert p.shape == (4, 3) and ((0 < p) & (p < 1)).all()
+    assert torch.allclose(p, torch.softmax(yes_no_logits(with_q[:, :, -1], tok), -1)[..., 1])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# evaluation with halting
+
+
+def test_halting_by_depth_against_hand_made_model_and_sharding():
+    """A fake model whose halting probability and answers are scripted per iteration.
+
+    Rows with an even first operation token say Yes from iteration ⌈d/c⌉ + 1 on (one late) and are answered right
+    from R* on; odd rows never say Yes (answered at R_max, right as well since iterations >= R* are right). At depth
+    4 R* = 4; R_max = 2 × 8 = 16.
+    """
+    task = get_task("swap_s5")
+    tok = task_halt_tokens(task.vocab_size)
+    V = task.vocab_size + 3
+    cfg = EvalConfig(depths=(4, 8), num_sequences=20, batch_size=8, seed=3)
+    tests = {d: task.sample(d, 20, seed=3) for d in cfg.depths}
+
+    def model_fn(ids, reads, R, window, stretch, read):
+        assert read == "all" and R == 16 and (ids[:, -1] == tok.query).all()
+        d = ids.shape[1] - 2 - 5 - 1
+        ep = tests[d]
+        rows = [next(i for i in range(20) if torch.equal(ep.input_ids[i], x[:-1])) for x in ids]
+        logits = torch.zeros(R, len(rows), 6, V)
+        wrong = (ep.states[rows, -1] + 1 - 2) % 5 + 2  # another object token
+        even = ids[:, 1] % 2 == 0
+        for k in range(1, R + 1):
+            ans = ep.states[rows, -1] if k >= d else wrong
+            logits[k - 1, :, :5] = torch.nn.functional.one_hot(ans, V).float() * 10
+            yes = even & (k >= d + 1)
+            logits[k - 1, :, 5, tok.yes] = torch.where(yes, 5.0, -5.0)
+        return LoopedOutput(logits, list(range(1, R + 1)), torch.ones(R))
+
+    assert halt_max_iterations(cfg, 1) == 16
+    res = halting_by_depth(model_fn, task, cfg, 1, tok, torch.device("cpu"))
+    for d in cfg.depths:
+        even = (tests[d].input_ids[:, 1] % 2 == 0).float()
+        frac_even = even.mean().item()
+        r = res[d]
+        assert r["oracle_acc"] == 1.0 and r["halt_acc"] == 1.0
+        assert r["never_halted"] == pytest.approx(1 - frac_even)
+        dR = even * 1 + (1 - even) * (16 - d)
+        assert r["dR_mean"] == pytest.approx(dR.mean().item())
+        assert r["dR_std"] == pytest.approx(dR.std(unbiased=False).item(), abs=1e-6)
+        assert r["halt_iter"] == pytest.approx(d + dR.mean().item())
+        assert len(r["p_yes_k"]) == 16
+    # rank 0 then rank 1, each on half the rows; rank 1's reduce_sum adds rank 0's tensors (same call order)
+    sent = []
+    halting_by_depth(model_fn, task, cfg, 1, tok, torch.device("cpu"), rank=0, world_size=2,
+                     reduce_sum=lambda t: sent.append(t.clone()) or t)
+    merged = halting_by_depth(model_fn, task, cfg, 1, tok, torch.device("cpu"), rank=1, world_size=2,
+                              reduce_sum=lambda t: t + sent.pop(0))
+    for d in cfg.depths:
+        for key in ("halt_acc", "oracle_acc", "never_halted", "dR_mean", "dR_std", "halt_iter"):
+            assert merged[d][key] == pytest.approx(res[d][key])
+    m = halting_metrics(res, 1)
+    assert m["halt_gap_d4"] == 0.0 and m["never_halted_d8"] == res[8]["never_halted"]
+    assert {f"halt_prob_k{k}" for k in range(1, 9)} <= set(m) and "halt_prob_k9" not in m  # 2 ⌈4/1⌉ on depth 4
+    assert {"halt_acc_d8", "oracle_acc_d8", "halt_iter_d8", "halt_dR_mean_d8", "halt_dR_std_d8"} <= set(m)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# a training step with halting, and frozen parts
+
+
+TASK = TaskConfig(train_depth=4)
+HALT = RecipeConfig(grad_window=3, max_iterations=12, halting=True, depth_schedule="hold", hold_lambda=4.0)
+TRAIN = TrainConfig(steps=6, batch_size=4, warmup_steps=1)
+
+
+def _engine(seed=0):
+    task = get_task("swap_s5")
+    torch.manual_seed(seed)
+    model = build_looped(BackboneConfig(), HALT, vocab_size=task.vocab_size + 3)
+    return prepare(model, TRAIN, World()), task, task_halt_tokens(task.vocab_size)
+
+
+def test_step_loss_is_par_plus_half_balanced_halting():
+    engine, task, tok = _engine()
+    snapshot = {n: p.detach().clone() for n, p in engine.raw.named_parameters()}
+    res = train_step(engine, task, TASK, HALT, 0, 0, 4, halt=tok)
+    # recompute step 0's loss with the weights from before the step
+    with torch.no_grad():
+        for n, p in engine.raw.named_parameters():
+            p.copy_(snapshot[n])
+    from par_ray.schedules import plan_step
+
+    plan = plan_step(TASK, HALT, 0, 0)
+    ep = with_halt_query(task.sample(plan.depth, 4, seed=0, step=0), tok.query)
+    out = engine.raw.iterate(ep.input_ids, ep.read_positions, plan.R, HALT.grad_window, plan.stretch)
+    par = par_loss(out.logits_KBQV[:, :, :-1], out.iterations, ep.states, 1, "progress").loss
+    halt = halting_loss(yes_no_logits(out.logits_KBQV[:, :, -1], tok), out.iterations, plan.depth, 1).loss
+    assert res.loss == pytest.approx((par + 0.5 * halt).item(), rel=1e-5)
+    assert res.halt_loss == pytest.approx(halt.item(), rel=1e-5) and 0.0 <= res.halt_accuracy <= 1.0
+    with pytest.raises(ValueError, match="recipe.halting"):
+        train_step(engine, task, TASK, HALT, 0, 1, 4)
+
+
+def test_frozen_parameters_do_not_move():
+    engine, task, tok = _engine()
+    frozen = frozen_parameters(engine.raw, "all_but_coda")
+    names = {n for n, p in engine.raw.named_parameters() if any(p is f for f in frozen)}
+    assert names and all(not n.startswith(("coda.", "norm.")) for n in names)
+    assert "embed_tokens.weight" in names and any(n.startswith("core.") for n in names)
+    before = {n: p.detach().clone() for n, p in engine.raw.named_parameters()}
+    for step in range(3):
+        train_step(engine, task, TASK, HALT, 0, step, 4, halt=tok, frozen=frozen)
+    after = dict(engine.raw.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in names)
+    assert any(not torch.equal(before[n], after[n]) for n in after if n.startswith("coda."))
+    assert frozen_parameters(engine.raw, "none") == []
+    with pytest.raises(ValueError, match="frozen"):
+        frozen_parameters(engine.raw, "everything")
+
+
+def test_halting_checkpoint_round_trip_continues_identically(tmp_path):
+    engine, task, tok = _engine()
+    run = lambda e, steps: [train_step(e, task, TASK, HALT, 0, s, 4, halt=tok).loss for s in steps]  # noqa: E731
+    run(engine, range(2))
+    engine.save(str(tmp_path), {"step": 2})
+    want = run(engine, range(2, 4))
+    fresh, _, _ = _engine(seed=5)
+    fresh.load(str(tmp_path))
+    assert run(fresh, range(2, 4)) == pytest.approx(want, abs=1e-6)
+
+
+def test_halting_recipe_config_dataclass_defaults():
+    r = RecipeConfig()
+    assert (r.halting, r.halt_weight, r.stretch_ramp) == (False, 0.5, False)
+    e = EvalConfig()
+    assert (e.halt_k, e.halt_n, e.halt_tau, e.halt_max_iterations) == (6, 8, 0.5, 0)
+    assert halt_max_iterations(dataclasses.replace(e, halt_max_iterations=200), 1) == 200
+    assert halt_max_iterations(e, 2) == 2 * math.ceil(64 / 2)
