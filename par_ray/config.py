@@ -21,6 +21,7 @@ DEPTH_SCHEDULES = ("forced", "hold")
 STRATEGIES = ("ddp", "fsdp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
 POSITION_SCHEMES = ("rope", "none")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 OP_ORDERS = ("forward", "recent_first")
 
 
@@ -55,6 +56,8 @@ class BackboneConfig:
     """(prelude, core, coda) layer counts summing to the parent's layer count; ``None`` = thirds."""
     position_scheme: str = "rope"
     """``rope``: the parent's rotary embedding. ``none``: no positional encoding (NoPE), random-init shapes only."""
+    attn_implementation: str = "sdpa"
+    """transformers attention: ``sdpa`` (fused, faster) or ``eager`` (explicit softmax; equal to float32 round-off)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,8 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     check(b.name in BACKBONES, "backbone.name", f"{b.name!r} is not one of {sorted(BACKBONES)}")
     check(b.position_scheme in POSITION_SCHEMES, "backbone.position_scheme",
           f"{b.position_scheme!r} is not one of {list(POSITION_SCHEMES)}")
+    check(b.attn_implementation in ATTN_IMPLEMENTATIONS, "backbone.attn_implementation",
+          f"{b.attn_implementation!r} is not one of {list(ATTN_IMPLEMENTATIONS)}")
     if b.split is not None:
         if len(b.split) != 3 or any(not isinstance(n, int) for n in b.split):
             errs.append(f"backbone.split: must be three integers (prelude, core, coda), got {b.split!r}")
