@@ -204,6 +204,10 @@ def one_rank_group(device: torch.device):
 # --------------------------------------------------------------------------------------------------------------------
 # Sections
 
+def _version_string(v) -> str:
+    return ".".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
+
+
 def environment(plan: Plan) -> dict:
     out = {"python": platform.python_version(), "torch": torch.__version__, "cuda_available": torch.cuda.is_available(),
            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
@@ -221,7 +225,7 @@ def environment(plan: Plan) -> dict:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         out.update(device=props.name, capability=f"{props.major}.{props.minor}", memory_bytes=props.total_memory,
-                   cuda=torch.version.cuda, nccl=".".join(map(str, torch.cuda.nccl.version())),
+                   cuda=torch.version.cuda, nccl=_version_string(torch.cuda.nccl.version()),
                    bf16_supported=torch.cuda.is_bf16_supported())
     else:
         out["device"] = platform.processor() or platform.machine()

@@ -16,8 +16,10 @@ BENCH = ROOT / "benchmarks"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    """Import ``benchmarks/{name}.py`` (not a package) as a module; registered so its dataclasses resolve."""
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
