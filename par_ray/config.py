@@ -21,6 +21,7 @@ DEPTH_SCHEDULES = ("forced", "hold")
 STRATEGIES = ("ddp", "fsdp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
 POSITION_SCHEMES = ("rope", "none", "conv")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 OP_ORDERS = ("forward", "recent_first")
 FROZEN_PARTS = ("none", "all_but_coda")
 """What a stage may freeze (``par_ray.stages.FROZEN_PREFIXES`` says which parameters each leaves trainable)."""
@@ -68,6 +69,8 @@ class BackboneConfig:
     coda keeps full attention), so each iteration moves information a bounded number of positions and only a
     length-independent local rule can be learned; random-init shapes (a par_ray option; docs/experiments.md,
     experiment 8)."""
+    attn_implementation: str = "sdpa"
+    """transformers attention: ``sdpa`` (fused, faster) or ``eager`` (explicit softmax; equal to float32 round-off)."""
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,8 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     check(b.name in BACKBONES, "backbone.name", f"{b.name!r} is not one of {sorted(BACKBONES)}")
     check(b.position_scheme in POSITION_SCHEMES, "backbone.position_scheme",
           f"{b.position_scheme!r} is not one of {list(POSITION_SCHEMES)}")
+    check(b.attn_implementation in ATTN_IMPLEMENTATIONS, "backbone.attn_implementation",
+          f"{b.attn_implementation!r} is not one of {list(ATTN_IMPLEMENTATIONS)}")
     if b.split is not None:
         if len(b.split) != 3 or any(not isinstance(n, int) for n in b.split):
             errs.append(f"backbone.split: must be three integers (prelude, core, coda), got {b.split!r}")

@@ -7,7 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from par_ray.model.backbones import BACKBONES, causal_mask, get_spec, load, parameter_count, run_decoder_layer
+from par_ray.model.backbones import (
+    ATTN_IMPLEMENTATIONS,
+    BACKBONES,
+    AllPositionsKeys,
+    causal_mask,
+    get_spec,
+    load,
+    parameter_count,
+    run_decoder_layer,
+)
 
 TINY = ["tiny-qwen2", "tiny-qwen3"]
 REAL = [name for name in BACKBONES if name not in TINY]
@@ -116,11 +125,13 @@ def test_unknown_name_lists_allowed_names():
     assert all(name in str(err.value) for name in BACKBONES)
 
 
+@pytest.mark.parametrize("attn", ATTN_IMPLEMENTATIONS)
 @pytest.mark.parametrize("name", TINY)
-def test_layer_by_layer_reproduces_parent_forward(name):
+def test_layer_by_layer_reproduces_parent_forward(name, attn):
     """embed -> run_decoder_layer over every layer -> norm -> lm_head == the parent's own forward (float32)."""
     torch.manual_seed(0)
-    model = load(name).eval()
+    model = load(name, attn_implementation=attn).eval()
+    assert model.config._attn_implementation == attn
     input_ids_BT = torch.randint(0, model.config.vocab_size, (2, 9))
     with torch.no_grad():
         hidden_BTH = model.model.embed_tokens(input_ids_BT)
@@ -133,3 +144,99 @@ def test_layer_by_layer_reproduces_parent_forward(name):
         expected_BTV = model(input_ids_BT).logits
     assert logits_BTV.dtype == torch.float32
     assert (logits_BTV - expected_BTV).abs().max().item() <= 1e-5
+
+
+def _layer_inputs(model, B=3, T=11, seed=0):
+    """A random residual stream (B, T, H), its rotary embeddings and causal mask for ``model``'s layers."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden_BTH = torch.randn(B, T, model.config.hidden_size, generator=gen)
+    position_embeddings = model.model.rotary_emb(hidden_BTH, torch.arange(T)[None])
+    return hidden_BTH, position_embeddings, causal_mask(model.config, hidden_BTH)
+
+
+@pytest.mark.parametrize("attn", ATTN_IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("rows", [[10, 3, 0, 7, 7], [0], list(range(11)), [4, 5, 6, 8, 9]])
+def test_layer_at_rows_equals_full_layer_rows(name, attn, rows):
+    """Queries at arbitrary rows (any order, repeats, the first and last position) with keys/values from all positions
+    give the full layer's output rows, forward and backward (float32, 1e-5): the readout's last coda layer."""
+    torch.manual_seed(0)
+    model = load(name, attn_implementation=attn)
+    layer = model.model.layers[-1]
+    with torch.no_grad():  # non-trivial norm weights, so the restated key path's k_norm / input_layernorm matter
+        for p in layer.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    hidden_BTH, pos, mask = _layer_inputs(model)
+    rows_Q = torch.tensor(rows)
+    full_in = hidden_BTH.clone().requires_grad_(True)
+    want_BQH = run_decoder_layer(layer, full_in, pos, mask)[:, rows_Q]
+    rows_in = hidden_BTH.clone().requires_grad_(True)
+    got_BQH = run_decoder_layer(layer, rows_in, pos, mask, rows_Q=rows_Q)
+    assert got_BQH.shape == (3, len(rows), model.config.hidden_size)
+    assert (got_BQH - want_BQH).abs().max().item() <= 1e-5
+    weights = torch.randn_like(want_BQH)
+    (want_grad,) = torch.autograd.grad((want_BQH * weights).sum(), full_in)
+    (got_grad,) = torch.autograd.grad((got_BQH * weights).sum(), rows_in)
+    assert (got_grad - want_grad).abs().max().item() <= 1e-5
+
+
+def test_layer_at_rows_attends_to_all_positions():
+    """The rows see every earlier position's keys (not only the other rows'): a change at a non-read position moves
+    them, and AllPositionsKeys is what supplies those keys."""
+    torch.manual_seed(0)
+    model = load("tiny-qwen3")
+    layer = model.model.layers[0]
+    hidden_BTH, pos, mask = _layer_inputs(model)
+    rows_Q = torch.tensor([9, 10])
+    calls = []
+    update = AllPositionsKeys.update
+
+    def counting_update(self, *args, **kwargs):
+        keys, values = update(self, *args, **kwargs)
+        calls.append(keys.shape)
+        return keys, values
+
+    AllPositionsKeys.update = counting_update
+    try:
+        with torch.no_grad():
+            a = run_decoder_layer(layer, hidden_BTH, pos, mask, rows_Q=rows_Q)
+            moved = hidden_BTH.clone()
+            moved[:, 2] += 1.0  # position 2 is not a read row
+            b = run_decoder_layer(layer, moved, pos, mask, rows_Q=rows_Q)
+    finally:
+        AllPositionsKeys.update = update
+    assert calls and all(shape[2] == 11 for shape in calls)  # (B, N_kv, T, D): keys of all 11 positions
+    assert (a - b).abs().max().item() > 1e-3
+
+
+def test_rows_refused_under_gradient_checkpointing():
+    model = load("tiny-qwen2")
+    layer = model.model.layers[-1]
+    layer.gradient_checkpointing = True
+    hidden_BTH, pos, mask = _layer_inputs(model)
+    with pytest.raises(ValueError, match="gradient checkpointing"):
+        run_decoder_layer(layer, hidden_BTH, pos, mask, rows_Q=torch.tensor([3]))
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_sdpa_matches_eager_parent(name):
+    """The two attention implementations give the same parent logits to float32 round-off (1e-5)."""
+    ids = torch.randint(0, 32, (3, 13), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for attn in ATTN_IMPLEMENTATIONS:
+        torch.manual_seed(0)
+        with torch.no_grad():
+            logits[attn] = load(name, attn_implementation=attn).eval()(ids).logits
+    assert (logits["sdpa"] - logits["eager"]).abs().max().item() <= 1e-5
+
+
+def test_unknown_attn_implementation_names_the_field():
+    with pytest.raises(ValueError, match="backbone.attn_implementation") as err:
+        load("tiny-qwen2", attn_implementation="flash")
+    assert all(name in str(err.value) for name in ATTN_IMPLEMENTATIONS)
+
+
+@pytest.mark.parametrize("attn", ATTN_IMPLEMENTATIONS)
+def test_pretrained_load_keeps_attn_implementation(attn, tmp_path: Path):
+    load("tiny-qwen2").save_pretrained(tmp_path)
+    assert load("tiny-qwen2", pretrained=str(tmp_path), attn_implementation=attn).config._attn_implementation == attn

@@ -167,8 +167,8 @@ def test_attention_window_limits_how_far_one_iteration_moves_information():
     diff_T = (state_after_one_iteration(changed) - state_after_one_iteration(ids)).abs().amax(dim=(0, 2))
     assert (diff_T[:3] == 0).all() and (diff_T[3:8] > 0).all() and (diff_T[8:] == 0).all()
     full = build_looped(BackboneConfig(), RecipeConfig(), vocab_size=30)
-    assert torch.equal(full._local(full._positions(full.embed_tokens(ids), 1.0)[1], ids[..., None]),
-                       full._positions(full.embed_tokens(ids), 1.0)[1])  # window 0: the parent's mask, untouched
+    mask = full._positions(full.embed_tokens(ids), 1.0)[1]
+    assert full._local(mask, ids[..., None]) is mask  # window 0: the parent's mask (None under SDPA), untouched
     with pytest.raises(ValueError, match="backbone.attention_window"):
         TrialConfig(backbone=BackboneConfig(attention_window=-1)).validate()
 

@@ -7,9 +7,15 @@ transformers' own ``Qwen2Config`` / ``Qwen3Config`` from them. No pretrained wei
 
 The parent's decoder layers are called through exactly one function, :func:`run_decoder_layer`, because their
 signature moves between transformers releases (``position_embeddings`` became required; ``past_key_value`` became
-``cache``). transformers is pinned in ``pyproject.toml``.
+``cache``). transformers is pinned in ``pyproject.toml``. The same function can compute a layer's output at a few
+rows only (the readout's last coda layer): see :class:`AllPositionsKeys`.
 
-Tensor suffixes: B batch, T sequence length, H hidden size.
+Attention runs through transformers' own implementations, chosen by ``attn_implementation``: ``sdpa``
+(``torch.nn.functional.scaled_dot_product_attention``, the default: fused softmax, faster) or ``eager`` (explicit
+matmul + softmax, bit-for-bit the reference). Both agree to float32 round-off (``tests/test_backbones.py`` bounds
+the difference of the logits at 1e-5 on the tiny shapes).
+
+Tensor suffixes: B batch, T sequence length, H hidden size, Q selected rows, N heads, D head size.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen3Config
 from transformers.masking_utils import create_causal_mask
+from transformers.models.qwen2.modeling_qwen2 import rotate_half  # Qwen3's is the same function (one modular source)
+
+from par_ray.config import ATTN_IMPLEMENTATIONS  # transformers attention implementations allowed; first = default
 
 FAMILIES = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}
 
@@ -52,9 +61,9 @@ class BackboneSpec:
         return int(self.fields["hidden_size"])
 
     def build_config(self, **overrides: Any) -> Qwen2Config | Qwen3Config:
-        """The family's transformers config for this entry (eager attention: exact, deterministic on CPU)."""
+        """The family's transformers config for this entry (``attn_implementation`` defaults to ``sdpa``)."""
         # Deep copy: the config keeps the nested rope_parameters dict it is given, and must not alias the registry's.
-        kwargs = {"attn_implementation": "eager", **copy.deepcopy(self.fields), **overrides}
+        kwargs = {"attn_implementation": ATTN_IMPLEMENTATIONS[0], **copy.deepcopy(self.fields), **overrides}
         return FAMILIES[self.family](**kwargs)
 
 
@@ -177,6 +186,7 @@ def load(
     pretrained: str | None = None,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device | None = None,
+    attn_implementation: str = ATTN_IMPLEMENTATIONS[0],
     **config_overrides: Any,
 ) -> PreTrainedModel:
     """Build the parent causal LM (``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``).
@@ -188,20 +198,26 @@ def load(
             ``from_pretrained(use_safetensors=True, trust_remote_code=False)``.
         dtype: parameter dtype.
         device: where to allocate; ``"meta"`` builds shapes only (parameter counts, memory plans).
+        attn_implementation: one of :data:`ATTN_IMPLEMENTATIONS` (``sdpa`` fast, ``eager`` the exact reference).
         config_overrides: extra config fields (e.g. ``vocab_size`` for a task vocabulary on test shapes).
     Raises:
-        ValueError: unknown ``name``, or a checkpoint whose architecture family differs from ``name``'s.
+        ValueError: unknown ``name`` or ``attn_implementation``, or a checkpoint whose architecture family differs
+            from ``name``'s.
     """
     spec = get_spec(name)
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(f"backbone.attn_implementation: {attn_implementation!r} is not one of "
+                         f"{list(ATTN_IMPLEMENTATIONS)}")
     if pretrained is not None:
         model = AutoModelForCausalLM.from_pretrained(
-            pretrained, dtype=dtype, use_safetensors=True, trust_remote_code=False, attn_implementation="eager",
+            pretrained, dtype=dtype, use_safetensors=True, trust_remote_code=False,
+            attn_implementation=attn_implementation,
         )
         if model.config.model_type != spec.family:
             raise ValueError(f"backbone.pretrained: {pretrained!r} is a {model.config.model_type!r} checkpoint, "
                              f"but backbone.name={name!r} is a {spec.family!r} architecture")
         return model.to(device) if device is not None else model
-    config = spec.build_config(**config_overrides)
+    config = spec.build_config(attn_implementation=attn_implementation, **config_overrides)
     with torch.device(device or "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model
@@ -215,11 +231,50 @@ def causal_mask(config: Any, hidden_BTH: torch.Tensor) -> torch.Tensor | None:
     return create_causal_mask(config=config, inputs_embeds=hidden_BTH, attention_mask=None, cache=None)
 
 
+class AllPositionsKeys:
+    """Keys and values of all T positions for a decoder layer whose queries are computed at Q rows only.
+
+    transformers' attention projects keys/values for the rows it is given and hands them to
+    ``cache.update(key, value, layer_idx, ...)``, then attends over whatever ``update`` returns. This stand-in for a KV
+    cache returns the keys/values of *every* position, so a layer called on the rows (B, Q, H) computes
+    "queries at the rows, keys/values from all positions", and the layer's own forward does everything else: norms,
+    q projection (and Qwen3's q-norm), rotary, the attention kernel (eager or SDPA), o_proj, both residuals, the MLP.
+
+    The one restated piece of the attention is the key/value half (input_layernorm → k_proj → k_norm where the family
+    has one → rotary; input_layernorm → v_proj), because no module computes keys alone. It runs inside ``update``,
+    i.e. inside the layer's forward, so a per-layer sharding wrapper (FSDP2 gathers a layer's parameters in its
+    pre-forward hook) has the parameters in place. ``tests/test_backbones.py`` checks it against the full layer for
+    both families in float32.
+
+    Args:
+        layer: the decoder layer being called.
+        hidden_BTH: (B, T, H) the layer's input at all positions.
+        position_embeddings: rotary ``(cos, sin)`` of all positions, each (B or 1, T, D).
+    """
+
+    def __init__(self, layer: nn.Module, hidden_BTH: torch.Tensor, position_embeddings: tuple[torch.Tensor, ...]):
+        self.layer, self.hidden_BTH, self.position_embeddings = layer, hidden_BTH, position_embeddings
+
+    def update(self, key_BNQD: torch.Tensor, value_BNQD: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Ignore the rows' own keys/values (they are rows of the result); return (keys, values), each (B, N, T, D)."""
+        attn = self.layer.self_attn
+        h_BTH = self.layer.input_layernorm(self.hidden_BTH)
+        heads_shape = (*h_BTH.shape[:-1], -1, attn.head_dim)
+        key_BTND = attn.k_proj(h_BTH).view(heads_shape)
+        if hasattr(attn, "k_norm"):  # Qwen3 RMS-norms keys per head before the rotary embedding
+            key_BTND = attn.k_norm(key_BTND)
+        key_BNTD = key_BTND.transpose(1, 2)
+        cos, sin = self.position_embeddings
+        key_BNTD = key_BNTD * cos.unsqueeze(1) + rotate_half(key_BNTD) * sin.unsqueeze(1)  # apply_rotary_pos_emb's
+        return key_BNTD, attn.v_proj(h_BTH).view(heads_shape).transpose(1, 2)
+
+
 def run_decoder_layer(
     layer: nn.Module,
     hidden_BTH: torch.Tensor,
     position_embeddings: tuple[torch.Tensor, torch.Tensor],
     mask: torch.Tensor | None,
+    rows_Q: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Apply one parent decoder layer. The only place that knows the layer's call signature (transformers 5.24).
 
@@ -227,9 +282,27 @@ def run_decoder_layer(
         hidden_BTH: (B, T, H) residual stream.
         position_embeddings: rotary ``(cos, sin)``, each (B, T, head_dim), from the parent's ``rotary_emb``.
         mask: from :func:`causal_mask`.
-    Returns: (B, T, H).
+        rows_Q: (Q,) positions (any order, repeats allowed) to compute the output at; ``None`` = all T. Rows attend
+            causally to the keys/values of all positions (:class:`AllPositionsKeys`), so the result equals the full
+            output's rows ``[:, rows_Q]`` (to float32 round-off) at about Q/T of the layer's cost.
+    Returns: (B, T, H), or (B, Q, H) with ``rows_Q``.
+    Raises: ValueError for ``rows_Q`` on a layer with gradient checkpointing enabled (transformers drops the cache
+        argument there, which would silently attend over the rows only).
     """
-    out = layer(hidden_BTH, attention_mask=mask, position_embeddings=position_embeddings, use_cache=False)
+    if rows_Q is None:
+        out = layer(hidden_BTH, attention_mask=mask, position_embeddings=position_embeddings, use_cache=False)
+        return out[0] if isinstance(out, tuple) else out
+    if getattr(layer, "gradient_checkpointing", False):
+        raise ValueError("run_decoder_layer: rows_Q needs the layer's cache argument, which gradient checkpointing "
+                         "drops; disable gradient checkpointing on the readout's last layer")
+    T = hidden_BTH.shape[1]
+    if mask is None:  # SDPA's implicit causal mask is square; rows need an explicit one: key j visible iff j <= row
+        mask = (torch.arange(T, device=hidden_BTH.device)[None, :] <= rows_Q[:, None])[None, None]
+    else:
+        mask = mask[..., rows_Q, :]
+    cos, sin = position_embeddings
+    out = layer(hidden_BTH[:, rows_Q], attention_mask=mask, position_embeddings=(cos[:, rows_Q], sin[:, rows_Q]),
+                cache=AllPositionsKeys(layer, hidden_BTH, position_embeddings), use_cache=False)
     return out[0] if isinstance(out, tuple) else out
 
 

@@ -196,10 +196,16 @@ class LoopedLM(nn.Module):
     def readout(self, state_BTH: torch.Tensor, read_positions_Q: torch.Tensor, pos, mask) -> torch.Tensor:
         """Coda → final norm → lm_head at the read positions: (B, T, H) -> logits (B, Q, V).
 
-        The one readout path used by training, evaluation and halting alike.
+        The one readout path used by training, evaluation and halting alike. Only the read rows are kept, so the
+        coda's last layer is computed at those rows alone (its keys/values still come from all T positions; see
+        ``backbones.run_decoder_layer``'s ``rows_Q``): the logits equal the full computation's to float32 round-off.
+        ``read_positions_Q`` may be any positions, in any order.
         """
-        h_BTH = self.norm(self._stack(self.coda, state_BTH, pos, mask))
-        return self.lm_head(h_BTH[:, read_positions_Q])
+        if len(self.coda) == 0:
+            return self.lm_head(self.norm(state_BTH[:, read_positions_Q]))
+        h_BTH = self._stack(self.coda[:-1], state_BTH, pos, mask)
+        h_BQH = run_decoder_layer(self.coda[-1], h_BTH, pos, mask, rows_Q=read_positions_Q)
+        return self.lm_head(self.norm(h_BQH))
 
     def iterate(
         self,
@@ -272,7 +278,8 @@ def build_looped(backbone_cfg, recipe_cfg, vocab_size: int | None = None, dtype:
     from par_ray.model import backbones
 
     overrides = {} if backbone_cfg.pretrained or vocab_size is None else {"vocab_size": vocab_size}
-    parent = backbones.load(backbone_cfg.name, backbone_cfg.pretrained, dtype=dtype, device=device, **overrides)
+    parent = backbones.load(backbone_cfg.name, backbone_cfg.pretrained, dtype=dtype, device=device,
+                            attn_implementation=backbone_cfg.attn_implementation, **overrides)
     return LoopedLM(parent, split=backbone_cfg.split, anchoring=recipe_cfg.anchoring, tied=recipe_cfg.tied,
                     untied_copies=recipe_cfg.max_iterations, position_scheme=backbone_cfg.position_scheme,
                     adapter_alpha=backbone_cfg.adapter_alpha, attention_window=backbone_cfg.attention_window)

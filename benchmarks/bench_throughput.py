@@ -1,0 +1,175 @@
+"""Training-step throughput as a fraction of the machine's measured fp32 matmul peak, per shape (issue 15).
+
+One PAR training step (``par_ray.train.step.train_step`` on the engine ``par_ray.train.strategies.prepare`` builds:
+forward with the gradient window, PAR loss, backward, clip + AdamW step) on swap-S5 at a fixed depth, for the tiny
+local-preset shape and the same shape widened to h = 256 and h = 512. For each shape it prints and records:
+
+- ``ratio``: achieved FLOP/s ÷ the machine's fp32 matmul peak (best ``torch.mm`` FLOP/s at 2048³, same thread
+  count). Achieved FLOP/s = the step's *reference* FLOPs ÷ the median measured step time. Reference FLOPs are counted
+  by ``torch.utils.flop_counter.FlopCounterMode`` on the step as the unoptimised model computes it (eager attention,
+  coda over all T positions), so the numerator is the same work before and after an optimisation that skips
+  computation and the ratio moves only with the step time (how the issue's 0.55 → 0.65 goal is stated).
+- ``ratio_shape_gemm``: the same achieved FLOP/s ÷ the best ``torch.mm`` FLOP/s at the shape's own largest GEMM,
+  (B·T, h) × (h, 2h) (the MLP's up projection), i.e. against what a matmul of this size can reach.
+- ``ratio_executed``: the FLOPs the step really executes (same counter, the model as configured) ÷ step time ÷
+  machine peak: hardware utilisation, lower than ``ratio`` when work is skipped.
+
+The depth is fixed (d = R = ``--depth``, all R iterations in the gradient window) so every step is the same work.
+
+Usage::
+
+    python benchmarks/bench_throughput.py [--shapes tiny h256 h512] [--steps 20] [--threads 1] [--out tp.json]
+    python benchmarks/bench_throughput.py --attn eager   # the eager-attention arm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import types
+from dataclasses import asdict, dataclass
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from par_ray.config import RecipeConfig, TaskConfig, TrainConfig
+from par_ray.model import backbones
+from par_ray.model.looped import LoopedLM
+from par_ray.tasks import build_task
+from par_ray.train.step import train_step
+from par_ray.train.strategies import World, prepare
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A tiny-qwen2 parent with hidden size ``hidden`` (intermediate 2·hidden, 4 heads, 2 KV heads, 6 layers)."""
+
+    hidden: int
+    batch: int = 64
+    """Sequences per step (the local preset's batch)."""
+
+
+SHAPES = {"tiny": Shape(128), "h256": Shape(256), "h512": Shape(512)}
+
+
+def _build(shape: Shape, vocab: int, attn: str | None, seed: int = 0) -> LoopedLM:
+    torch.manual_seed(seed)
+    overrides = dict(vocab_size=vocab, hidden_size=shape.hidden, intermediate_size=2 * shape.hidden)
+    if attn is not None:
+        overrides["attn_implementation"] = attn
+    return LoopedLM(backbones.load("tiny-qwen2", **overrides))
+
+
+def _full_coda_readout(self, state_BTH, read_positions_Q, pos, mask):
+    """The unoptimised readout: every coda layer over all T positions, then norm and lm_head at the read rows."""
+    for layer in self.coda:
+        state_BTH = backbones.run_decoder_layer(layer, state_BTH, pos, mask)
+    return self.lm_head(self.norm(state_BTH)[:, read_positions_Q])
+
+
+def _step_fn(model: LoopedLM, shape: Shape, depth: int):
+    """A closure running training step i of ``model`` (fresh engine and AdamW) at depth ``depth``."""
+    engine = prepare(model, TrainConfig(steps=1000, batch_size=shape.batch, lr=1e-4, warmup_steps=0), World())
+    task_cfg = TaskConfig(name="swap_s5", train_depth=depth, min_train_depth=depth)
+    task = build_task(task_cfg)
+    recipe = RecipeConfig(grad_window=depth, max_iterations=depth)
+    return lambda i: train_step(engine, task, task_cfg, recipe, seed=0, step=i, global_batch=shape.batch)
+
+
+def _count_flops(step, i: int) -> int:
+    with FlopCounterMode(display=False) as counter:
+        step(i)
+    return counter.get_total_flops()
+
+
+def matmul_peak(m: int, k: int, n: int, seconds: float = 1.0) -> float:
+    """Best FLOP/s of ``torch.mm`` (m×k)·(k×n) in float32 over repeated timed batches of calls."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    flops = 2 * m * k * n
+    reps = max(1, int(2e8 // flops))
+    for _ in range(3):
+        torch.mm(a, b)
+    best, t_end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b)
+        best = max(best, reps * flops / (time.perf_counter() - t0))
+    return best
+
+
+def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: str | None) -> dict:
+    """Reference and executed FLOPs of one step of ``shape``, the median step time, the peaks and the ratios."""
+    task = build_task(TaskConfig(name="swap_s5", train_depth=depth))
+    vocab = task.vocab_size
+    episode = task.sample(depth, 1, seed=0)
+    T, Q = episode.input_ids.shape[1], len(episode.read_positions)
+
+    reference = _build(shape, vocab, "eager")
+    reference.readout = types.MethodType(_full_coda_readout, reference)
+    reference_flops = _count_flops(_step_fn(reference, shape, depth), 0)
+    del reference
+
+    model = _build(shape, vocab, attn)
+    step = _step_fn(model, shape, depth)
+    executed_flops = _count_flops(step, 0)
+    for i in range(1, 1 + warmup):
+        step(i)
+    times = []
+    for i in range(1 + warmup, 1 + warmup + steps):
+        t0 = time.perf_counter()
+        step(i)
+        times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times)
+    shape_peak = matmul_peak(shape.batch * T, shape.hidden, 2 * shape.hidden)
+    return {
+        "shape": name, "hidden": shape.hidden, "batch": shape.batch, "seq_len": T, "read_positions": Q, "R": depth,
+        "attn_implementation": model.config._attn_implementation,
+        "reference_flops": reference_flops, "executed_flops": executed_flops,
+        "step_seconds": seconds, "step_seconds_all": times,
+        "achieved_flops_per_s": reference_flops / seconds, "executed_flops_per_s": executed_flops / seconds,
+        "shape_gemm_peak_flops_per_s": shape_peak, "ratio_shape_gemm": reference_flops / seconds / shape_peak,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES), help="shapes to measure")
+    ap.add_argument("--depth", type=int, default=6, help="d = R of every step (the local preset's d_train)")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per shape (the median is reported)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (peak and steps alike)")
+    ap.add_argument("--attn", choices=["eager", "sdpa"], default=None,
+                    help="attention implementation (default: the registry's)")
+    ap.add_argument("--out", help="write the results as JSON to this path")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    machine_peak = matmul_peak(2048, 2048, 2048)
+    rows = []
+    print(f"machine fp32 matmul peak (2048^3, {args.threads} thread(s)): {machine_peak / 1e9:.1f} GFLOP/s")
+    print(f"{'shape':<7}{'h':>5}{'B':>4}{'T':>4}{'R':>3} {'attn':<6}{'ref GFLOP':>10}{'exec GFLOP':>11}{'step ms':>9}"
+          f"{'GFLOP/s':>9}{'ratio':>7}{'gemm peak':>10}{'ratio/gemm':>11}{'executed':>9}", flush=True)
+    for name in args.shapes:
+        r = measure(name, SHAPES[name], args.depth, args.steps, args.warmup, args.attn)
+        r["machine_peak_flops_per_s"] = machine_peak
+        r["ratio"] = r["achieved_flops_per_s"] / machine_peak
+        r["ratio_executed"] = r["executed_flops_per_s"] / machine_peak
+        rows.append(r)
+        print(f"{name:<7}{r['hidden']:>5}{r['batch']:>4}{r['seq_len']:>4}{r['R']:>3} {r['attn_implementation']:<6}"
+              f"{r['reference_flops'] / 1e9:>10.2f}{r['executed_flops'] / 1e9:>11.2f}{r['step_seconds'] * 1e3:>9.1f}"
+              f"{r['achieved_flops_per_s'] / 1e9:>9.1f}{r['ratio']:>7.2f}"
+              f"{r['shape_gemm_peak_flops_per_s'] / 1e9:>10.1f}"
+              f"{r['ratio_shape_gemm']:>11.2f}{r['ratio_executed']:>9.2f}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"threads": args.threads, "depth": args.depth, "torch": torch.__version__,
+                       "machine_peak_flops_per_s": machine_peak, "shapes": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

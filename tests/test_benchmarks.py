@@ -1,0 +1,124 @@
+"""The benchmark scripts run and write their JSON: bench_throughput on the tiny shape, and gpu_check's CPU dry path
+(the path CI can run; on a GPU the same script measures the real shapes). No timings are asserted."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+
+def _load(name: str):
+    """Import ``benchmarks/{name}.py`` (not a package) as a module; registered so its dataclasses resolve."""
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_gpu_check_sh(out_dir: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    env = {**os.environ, "OUT": str(out_dir), "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([str(BENCH / "gpu_check.sh"), "--dry-run", *args], env=env, capture_output=True, text=True,
+                          timeout=600)
+    return proc, json.loads((out_dir / "gpu_check.json").read_text())
+
+
+def test_bench_throughput_tiny_writes_ratio(tmp_path):
+    bench = _load("bench_throughput")
+    out = tmp_path / "tp.json"
+    assert bench.main(["--shapes", "tiny", "--depth", "2", "--steps", "1", "--warmup", "0", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (row,) = doc["shapes"]
+    assert row["shape"] == "tiny" and row["R"] == 2 and row["attn_implementation"] == "sdpa"
+    # The reference counts the unoptimised step (full coda, eager attention); the model skips the coda's last layer
+    # at non-read rows, so it executes fewer FLOPs.
+    assert 0 < row["executed_flops"] < row["reference_flops"]
+    for key in ("ratio", "ratio_executed", "ratio_shape_gemm"):
+        assert row[key] > 0
+    assert doc["machine_peak_flops_per_s"] > 0
+
+
+GPU_CHECK_FAST = ("environment", "matmul_peak", "throughput.qwen2", "throughput.qwen3", "memory.qwen2", "memory.qwen3",
+                  "fsdp2")
+
+
+def test_gpu_check_dry_run_fast_sections(tmp_path):
+    """The CPU dry path of every section that needs neither Ray nor DeepSpeed's op build, through gpu_check.sh."""
+    gpu_check = _load("gpu_check")
+    assert set(GPU_CHECK_FAST) | {"zero3", "ray_train"} == set(gpu_check.SECTIONS)
+    proc, doc = _run_gpu_check_sh(tmp_path, "--skip", "zero3", "ray_train")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert doc["schema"] == gpu_check.SCHEMA_VERSION and doc["dry_run"] is True
+    sections = doc["sections"]
+    assert list(sections) == list(gpu_check.SECTIONS)
+    for name in GPU_CHECK_FAST:
+        assert sections[name]["status"] == "ok", (name, sections[name])
+    assert sections["zero3"] == {"status": "skipped", "reason": "--skip"}
+    peak = sections["matmul_peak"]["result"]["peak_flops_per_s"]
+    for family in ("qwen2", "qwen3"):
+        tp = sections[f"throughput.{family}"]["result"]
+        assert tp["backbone"] == f"tiny-{family}" and tp["flops_per_step"] > 0
+        assert tp["mfu"] == pytest.approx(tp["flops_per_s"] / peak)
+        rows = sections[f"memory.{family}"]["result"]["rows"]
+        assert [r["R"] for r in rows] == list(gpu_check.DRY_PLAN.memory_R)
+        for r in rows:
+            assert r["measured_bytes"] > 0 and r["planned_bytes"] > 0
+            assert r["plan_error"] == pytest.approx((r["planned_bytes"] - r["measured_bytes"]) / r["measured_bytes"])
+    fsdp = sections["fsdp2"]["result"]
+    assert fsdp["backend"] == "gloo" and len(fsdp["losses"]) == gpu_check.DRY_PLAN.warmup + gpu_check.DRY_PLAN.steps
+
+
+def test_gpu_check_records_errors_and_timeouts_and_goes_on(tmp_path, monkeypatch):
+    """A failing section and an overrunning one are recorded; the sections after them still run."""
+    gpu_check = _load("gpu_check")
+
+    def boom(plan):
+        raise RuntimeError("no such device")
+
+    def hang(plan):
+        import time
+        time.sleep(30)
+
+    monkeypatch.setattr(gpu_check, "environment", hang)
+    monkeypatch.setattr(gpu_check, "matmul_peak", boom)
+    monkeypatch.setattr(gpu_check, "DRY_PLAN", replace(gpu_check.DRY_PLAN, sections_s={
+        **gpu_check.DRY_PLAN.sections_s, "environment": 1}))
+    out = tmp_path / "g.json"
+    skip = [s for s in gpu_check.SECTIONS if s not in ("environment", "matmul_peak", "memory.qwen2")]
+    assert gpu_check.main(["--out", str(out), "--dry-run", "--skip", *skip]) == 1
+    sections = json.loads(out.read_text())["sections"]
+    assert sections["environment"]["status"] == "timeout"
+    assert sections["matmul_peak"]["status"] == "error" and "no such device" in sections["matmul_peak"]["error"]
+    assert sections["memory.qwen2"]["status"] == "ok"
+
+
+def test_gpu_check_budget_skips_what_does_not_fit(tmp_path):
+    gpu_check = _load("gpu_check")
+    out = tmp_path / "g.json"
+    assert gpu_check.main(["--out", str(out), "--dry-run", "--budget-s", "0"]) == 0
+    sections = json.loads(out.read_text())["sections"]
+    assert all(s["status"] == "skipped" and "budget" in s["reason"] for s in sections.values())
+
+
+@pytest.mark.ray
+def test_gpu_check_dry_run_zero3_and_ray_train(tmp_path):
+    """The two sections that start DeepSpeed (one-rank gloo group, ZeRO-3) and a Ray Train trial (gloo worker)."""
+    gpu_check = _load("gpu_check")
+    keep = ("zero3", "ray_train")
+    proc, doc = _run_gpu_check_sh(tmp_path, "--skip", *[s for s in gpu_check.SECTIONS if s not in keep])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    zero3, ray_train = doc["sections"]["zero3"], doc["sections"]["ray_train"]
+    assert zero3["status"] == "ok", zero3
+    assert zero3["result"]["strategy"] == "deepspeed" and zero3["result"]["zero_stage"] == 3
+    assert ray_train["status"] == "ok", ray_train
+    r = ray_train["result"]
+    assert r["backend"] == "gloo" and r["error"] is None and not r["failures"]
+    assert r["final"]["step"] == gpu_check.DRY_PLAN.ray_steps and r["reports"] == gpu_check.DRY_PLAN.ray_steps
