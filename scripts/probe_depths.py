@@ -2,19 +2,17 @@
 
     python scripts/probe_depths.py runs/par-s0 --max-depth 32
 
-Reads ``RUN/result.json`` (the resolved config) and ``RUN/final/state.pt`` written by ``python -m par_ray.train``.
+Loads the run's final model with ``par_ray.model.load_trained`` (``RUN`` is a run directory of ``python -m
+par_ray.train`` or any checkpoint directory, written by any strategy: ddp, fsdp, deepspeed), on this process.
 Shows where a learned solution stops: the depth curve (does accuracy decay smoothly or fall off a cliff right past
 d_train?) and, at a fixed depth, whether iteration k really holds z_k (the progress-aligned target).
 """
 
 import argparse
-import json
-import os
 
 import torch
 
-from par_ray.config import from_flat
-from par_ray.model.looped import build_looped
+from par_ray.model import load_trained
 from par_ray.tasks import build_task
 
 
@@ -25,11 +23,9 @@ def main() -> None:
     p.add_argument("--iteration-depth", type=int, default=16)
     p.add_argument("-n", type=int, default=256)
     args = p.parse_args()
-    cfg = from_flat(json.load(open(os.path.join(args.run, "result.json")))["config"])
+    trained = load_trained(args.run)
+    cfg, model = trained.config, trained.model
     task = build_task(cfg.task)
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=task.vocab_size)
-    model.load_state_dict(torch.load(os.path.join(args.run, "final", "state.pt"), weights_only=True)["model"])
-    model.eval()
     c = cfg.recipe.ops_per_iteration
     with torch.no_grad():
         row = []
