@@ -263,3 +263,10 @@ def test_rank_mismatch_fails_within_the_collective_timeout(ray_cluster, tmp_path
                            run_config=ray.train.RunConfig(name="mismatch", storage_path=str(tmp_path)))
     with pytest.raises(ray.train.TrainingFailedError):
         trainer.fit()  # with Ray's default timeout (TorchConfig.timeout_s = 1800) this would wait 30 minutes
+
+
+def test_diverging_trial_fails_at_once_on_workers_naming_step_and_loss(ray_cluster, tmp_path):
+    # What a sweep's trial driver sees: TrainingFailedError with the worker's reason, so Tune errors this trial
+    # (its MLflow child run FAILED) and runs the others.
+    with pytest.raises(ray.train.TrainingFailedError, match=r"diverged at step \d+: loss (nan|inf)"):
+        fit(trial(strategy="ddp", lr=1e30, grad_clip=0.0), tmp_path)

@@ -131,7 +131,9 @@ def load_trained(path: str) -> Trained:
     directory = resolve_checkpoint_dir(path)
     cfg = stored_config(directory)
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=build_task(cfg.task).vocab_size)
-    state = model_state_dict(directory, model)
+    wanted = model.state_dict().keys()
+    # DeepSpeed's merged state may also list buffers the module does not save; every saved key must be present.
+    state = {k: v for k, v in model_state_dict(directory, model).items() if k in wanted}
     model.load_state_dict(state, strict=True)
     model.eval()
     step = -1
