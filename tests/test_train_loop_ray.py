@@ -8,6 +8,7 @@ ranks), one report per step.
 """
 
 import math
+import sys
 
 import pytest
 import ray
@@ -21,6 +22,8 @@ from par_ray.train.strategies import build_deepspeed_ops
 from par_ray.train.trainer import MetricsLog, build_trainer, local_ray, torch_config
 
 pytestmark = pytest.mark.ray
+# The MLflow callback and the worker function defined below run in Ray's processes, which cannot import a test module.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 STEPS = 6
 # Float32 on CPU: a different reduction order (two half-batch gradients summed by all-reduce, sharded clipping norms)
@@ -31,12 +34,11 @@ TIMING = ("step_time_s", "tokens_per_s", "peak_memory_mb", "train_seconds")
 
 def trial(**train) -> TrialConfig:
     # One torch thread per process: 2 workers on 2 cores, and no oversubscribed OpenMP threads in the local run.
-    train = {"num_workers": 2, "checkpoint_every": 3, "threads_per_worker": 1, **train}
+    train = {"num_workers": 2, "checkpoint_every": 3, "threads_per_worker": 1, "eval_every": 100, **train}
     return TrialConfig(
         task=TaskConfig(train_depth=4),
         recipe=RecipeConfig(grad_window=2, max_iterations=8),
-        train=TrainConfig(steps=STEPS, batch_size=8, warmup_steps=2, report_every=1, eval_every=100,
-                          **train),
+        train=TrainConfig(steps=STEPS, batch_size=8, warmup_steps=2, report_every=1, **train),
         eval=EvalConfig(depths=(4, 8), num_sequences=16, batch_size=8),
     )
 
