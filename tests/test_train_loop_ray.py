@@ -34,11 +34,12 @@ TIMING = ("step_time_s", "tokens_per_s", "peak_memory_mb", "train_seconds")
 
 def trial(**train) -> TrialConfig:
     # One torch thread per process: 2 workers on 2 cores, and no oversubscribed OpenMP threads in the local run.
-    train = {"num_workers": 2, "checkpoint_every": 3, "threads_per_worker": 1, "eval_every": 100, **train}
+    train = {"num_workers": 2, "checkpoint_every": 3, "threads_per_worker": 1, "eval_every": 100, "steps": STEPS,
+             **train}
     return TrialConfig(
         task=TaskConfig(train_depth=4),
         recipe=RecipeConfig(grad_window=2, max_iterations=8),
-        train=TrainConfig(steps=STEPS, batch_size=8, warmup_steps=2, report_every=1, **train),
+        train=TrainConfig(batch_size=8, warmup_steps=2, report_every=1, **train),
         eval=EvalConfig(depths=(4, 8), num_sequences=16, batch_size=8),
     )
 
