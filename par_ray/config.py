@@ -12,6 +12,10 @@ to a ``{"section.field": value}`` dict happens only here, at the Tune / MLflow b
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
+import re
+import types
 import typing
 from dataclasses import dataclass, field, fields, replace
 
@@ -53,7 +57,10 @@ class BackboneConfig:
     name: str = "tiny-qwen2"
     """A key of ``par_ray.model.backbones.BACKBONES``."""
     pretrained: str | None = None
-    """``None``: random init from the config. Otherwise a local directory (or hub name) for ``from_pretrained``."""
+    """``None``: random init from the config. Otherwise a local directory or a hub name for ``from_pretrained``, told
+    apart by :func:`pretrained_kind`: a path (absolute, or starting with ``.`` or ``~``, or with more than one ``/``)
+    or an existing directory is a local checkpoint and must hold ``config.json``; anything else must be a hub id
+    (``name`` or ``org/name``)."""
     split: tuple[int, int, int] | None = None
     """(prelude, core, coda) layer counts summing to the parent's layer count; ``None`` = thirds."""
     position_scheme: str = "rope"
@@ -162,6 +169,10 @@ class TrainConfig:
     best by the search metric; Ray always keeps the latest too (resume needs it). Older ones are deleted."""
     fail_at_step: int = -1
     """Fault injection for tests: worker rank 0 dies once when reaching this step (-1 = off)."""
+    collective_timeout_s: float = 300.0
+    """Seconds a gloo/NCCL collective may wait for the other ranks before the run fails (Ray Train's
+    ``TorchConfig.timeout_s``, whose default is 30 minutes). It must cover the slowest wait between ranks in a step:
+    a training step, an evaluation pass or a checkpoint write; a rank mismatch then fails in this bounded time."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +186,7 @@ class EvalConfig:
     batch_size: int = 256
     """Sequences per evaluation forward pass."""
     seed: int = 10_000
-    """Seed of the test sets (disjoint from training streams, which use the trial seed)."""
+    """Seed of the test sets (disjoint from training streams, which use the trial seed); a non-negative int."""
     halt_k: int = 6
     """Halting rule "k of n": stop at the first R with P(Yes) > tau such that >= halt_k of R … R+n-1 exceed tau."""
     halt_n: int = 8
@@ -228,91 +239,191 @@ class TrialConfig:
         return self
 
 
+MAX_SEED = 2**63 - 1
+"""Seeds are non-negative ints below 2**63 (``numpy.random.SeedSequence`` refuses negatives; torch takes 64 bits)."""
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)?$")
+
+
+def pretrained_kind(value: str) -> str:
+    """``"local"`` or ``"hub"``: how ``backbone.pretrained`` is read (the rule in ``BackboneConfig.pretrained``).
+
+    A value that exists as a directory, is absolute, starts with ``.`` or ``~``, or has more than one ``/`` names a
+    local checkpoint. Anything else is a Hugging Face hub id (``gpt2``, ``Qwen/Qwen2.5-0.5B``), which is legal even
+    when no such directory exists here: ``from_pretrained`` reads it from the hub cache or the hub. So a relative
+    local directory of one or two components (``mymodel``) that does not exist is taken as a hub id; write
+    ``./mymodel`` to have it checked as a path.
+    """
+    expanded = os.path.expanduser(value)
+    if (os.path.isdir(expanded) or os.path.isabs(expanded) or value.startswith((".", "~"))
+            or value.count("/") > 1 or os.sep != "/" and os.sep in value):
+        return "local"
+    return "hub"
+
+
+def _type_ok(value: typing.Any, hint: typing.Any) -> bool:
+    """``value`` has the declared type ``hint`` (bool is not an int here; an int is a float)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_type_ok(v, args[0]) for v in value)
+        return len(value) == len(args) and all(_type_ok(v, a) for v, a in zip(value, args))
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _type_name(hint: typing.Any) -> str:
+    if typing.get_origin(hint) is None and hasattr(hint, "__name__"):
+        return hint.__name__
+    return str(hint).replace("typing.", "")
+
+
+def _type_errors(cfg: TrialConfig) -> tuple[list[str], set[str]]:
+    """Fields whose value is not of the declared type, or a non-finite float: (messages, ``"section.field"`` names).
+
+    Every numeric field of every section rejects ``inf`` and ``nan`` here, whatever its own range check says.
+    """
+    errs, bad = [], set()
+    for section in fields(cfg):
+        sub = getattr(cfg, section.name)
+        if section.name == "stages":  # a tuple of StageConfig: check each (halting_and_stage_errors checks the tuple)
+            parts = [(f"stages[{i}]", s) for i, s in enumerate(sub) if dataclasses.is_dataclass(s)] \
+                if isinstance(sub, tuple) else []
+        else:
+            parts = [(section.name, sub)]
+        for prefix, obj in parts:
+            hints = typing.get_type_hints(type(obj))
+            for f in fields(obj):
+                name, value, hint = f"{prefix}.{f.name}", getattr(obj, f.name), hints[f.name]
+                if not _type_ok(value, hint):
+                    errs.append(f"{name}: expected {_type_name(hint)}, got {value!r} ({type(value).__name__})")
+                    bad.update({name, section.name})
+                elif isinstance(value, float) and not math.isfinite(value):
+                    errs.append(f"{name}: must be a finite number, got {value}")
+                    bad.update({name, section.name})
+    return errs, bad
+
+
 def config_errors(cfg: TrialConfig) -> list[str]:
-    """All problems of ``cfg`` as ``"field: message"`` strings (empty when valid)."""
+    """All problems of ``cfg`` as ``"field: message"`` strings (empty when valid).
+
+    First the declared type of every field (and finiteness of every float), then each field's domain; a field of
+    the wrong type is reported once, by the type check, and skipped by the range checks that would read it.
+    """
     from par_ray.model.backbones import BACKBONES  # local: keeps config importable without torch at import time
 
     t, b, r, tr, ev = cfg.task, cfg.backbone, cfg.recipe, cfg.train, cfg.eval
-    errs: list[str] = []
+    errs, bad = _type_errors(cfg)
 
-    def check(ok: bool, name: str, msg: str) -> None:
-        if not ok:
-            errs.append(f"{name}: {msg}")
+    def check(names: str, ok: typing.Callable[[], bool], msg: typing.Callable[[], str] | str) -> None:
+        """Report ``names.split()[0]: msg`` unless ``ok()``; skipped when any field in ``names`` has a bad type."""
+        fs = names.split()
+        if any(n in bad for n in fs) or ok():
+            return
+        errs.append(f"{fs[0]}: {msg() if callable(msg) else msg}")
 
-    check(t.name in TASK_NAMES, "task.name", f"{t.name!r} is not one of {list(TASK_NAMES)}")
-    check(t.op_order in OP_ORDERS, "task.op_order", f"{t.op_order!r} is not one of {list(OP_ORDERS)}")
-    check(t.train_filler >= 0, "task.train_filler", f"must be >= 0, got {t.train_filler}")
-    check(t.train_depth >= 1, "task.train_depth", f"must be >= 1, got {t.train_depth}")
-    check(1 <= t.min_train_depth <= max(t.train_depth, 1), "task.min_train_depth",
-          f"must be in [1, task.train_depth={t.train_depth}], got {t.min_train_depth}")
+    def value_of(name: str) -> typing.Any:
+        section, _, f = name.partition(".")
+        return getattr(getattr(cfg, section), f)
 
-    check(b.name in BACKBONES, "backbone.name", f"{b.name!r} is not one of {sorted(BACKBONES)}")
-    check(b.position_scheme in POSITION_SCHEMES, "backbone.position_scheme",
-          f"{b.position_scheme!r} is not one of {list(POSITION_SCHEMES)}")
-    check(b.attn_implementation in ATTN_IMPLEMENTATIONS, "backbone.attn_implementation",
-          f"{b.attn_implementation!r} is not one of {list(ATTN_IMPLEMENTATIONS)}")
-    if b.split is not None:
-        if len(b.split) != 3 or any(not isinstance(n, int) for n in b.split):
-            errs.append(f"backbone.split: must be three integers (prelude, core, coda), got {b.split!r}")
-        elif b.name in BACKBONES:
-            n_layers = BACKBONES[b.name].num_hidden_layers
-            if sum(b.split) != n_layers or min(b.split) < 0 or b.split[1] < 1:
-                errs.append(f"backbone.split: {tuple(b.split)} must be non-negative with core >= 1 and sum to "
-                            f"{b.name}'s {n_layers} layers")
+    def at_least(name: str, low: float, note: str = "") -> None:
+        value = value_of(name)
+        check(name, lambda: value >= low, f"must be >= {low}{note}, got {value}")
 
-    check(r.targets in TARGETS, "recipe.targets", f"{r.targets!r} is not one of {list(TARGETS)}")
-    check(r.depth_schedule in DEPTH_SCHEDULES, "recipe.depth_schedule",
-          f"{r.depth_schedule!r} is not one of {list(DEPTH_SCHEDULES)}")
-    check(r.ops_per_iteration >= 1, "recipe.ops_per_iteration", f"must be >= 1, got {r.ops_per_iteration}")
-    check(r.grad_window >= 1, "recipe.grad_window", f"must be >= 1, got {r.grad_window}")
-    check(r.hold_lambda >= 0, "recipe.hold_lambda", f"must be >= 0, got {r.hold_lambda}")
-    check(r.stretch_max >= 1.0, "recipe.stretch_max", f"must be >= 1.0 (1.0 = off), got {r.stretch_max}")
-    check(r.extra_iterations >= 0, "recipe.extra_iterations", f"must be >= 0, got {r.extra_iterations}")
-    check(b.attention_window >= 0, "backbone.attention_window",
-          f"must be >= 0 (0 = full causal attention), got {b.attention_window}")
-    check(b.adapter_alpha >= 0, "backbone.adapter_alpha", f"must be >= 0 (0 = the paper's [0 | I]), got {b.adapter_alpha}")
-    check(r.dense_targets or not r.dense_pending, "recipe.dense_pending", "needs recipe.dense_targets=true")
-    if r.dense_targets:
+    def one_of(name: str, allowed) -> None:
+        value = value_of(name)
+        check(name, lambda: value in allowed, f"{value!r} is not one of {list(allowed)}")
+
+    def seed(name: str) -> None:
+        value = value_of(name)
+        check(name, lambda: 0 <= value <= MAX_SEED, f"must be a non-negative int below 2**63, got {value}")
+
+    one_of("task.name", TASK_NAMES)
+    one_of("task.op_order", OP_ORDERS)
+    at_least("task.train_filler", 0)
+    at_least("task.train_depth", 1)
+    check("task.min_train_depth task.train_depth", lambda: 1 <= t.min_train_depth <= max(t.train_depth, 1),
+          lambda: f"must be in [1, task.train_depth={t.train_depth}], got {t.min_train_depth}")
+
+    one_of("backbone.name", BACKBONES)
+    one_of("backbone.position_scheme", POSITION_SCHEMES)
+    if b.split is not None and "backbone.split" not in bad and b.name in BACKBONES:
+        n_layers = BACKBONES[b.name].num_hidden_layers
+        if sum(b.split) != n_layers or min(b.split) < 0 or b.split[1] < 1:
+            errs.append(f"backbone.split: {tuple(b.split)} must be non-negative with core >= 1 and sum to "
+                        f"{b.name}'s {n_layers} layers")
+    if b.pretrained is not None and "backbone.pretrained" not in bad:
+        errs.extend(_pretrained_errors(b.pretrained))
+
+    check("recipe.name", lambda: r.name.strip() != "", "must be a non-empty label")
+    one_of("recipe.targets", TARGETS)
+    one_of("recipe.depth_schedule", DEPTH_SCHEDULES)
+    at_least("recipe.ops_per_iteration", 1)
+    at_least("recipe.grad_window", 1)
+    at_least("recipe.hold_lambda", 0)
+    at_least("recipe.stretch_max", 1.0, " (1.0 = off)")
+    check("recipe.max_iterations task.train_depth recipe.ops_per_iteration",
+          lambda: r.max_iterations >= -(-t.train_depth // max(r.ops_per_iteration, 1)),
+          lambda: (f"must be >= ceil(task.train_depth / recipe.ops_per_iteration) = "
+                   f"{-(-t.train_depth // max(r.ops_per_iteration, 1))}, got {r.max_iterations}"))
+
+    for name in ("train.steps", "train.batch_size", "train.num_workers", "train.eval_every", "train.report_every"):
+        at_least(name, 1)
+    check("train.batch_size train.num_workers", lambda: tr.batch_size % max(tr.num_workers, 1) == 0,
+          f"{tr.batch_size} must be divisible by train.num_workers={tr.num_workers}")
+    check("train.lr", lambda: tr.lr > 0, f"must be > 0, got {tr.lr}")
+    for name in ("train.weight_decay", "train.warmup_steps", "train.grad_clip", "train.threads_per_worker",
+                 "train.checkpoint_every"):
+        at_least(name, 0)
+    seed("train.seed")
+    one_of("train.strategy", STRATEGIES)
+    check("train.strategy recipe.tied", lambda: tr.strategy != "deepspeed" or r.tied,
+          "'deepspeed' cannot train the untied baseline (recipe.tied=False): use 'ddp' or 'fsdp' (docs/distributed.md)")
+    one_of("train.zero_stage", ZERO_STAGES)
+    at_least("train.fail_at_step", -1, " (-1 = off)")
+    check("train.collective_timeout_s", lambda: tr.collective_timeout_s >= 1,
+          f"must be >= 1 second, got {tr.collective_timeout_s}")
+
+    if "eval.depths" not in bad:
+        if not ev.depths or any(d < 1 for d in ev.depths):
+            errs.append(f"eval.depths: must be a non-empty list of positive integers, got {ev.depths!r}")
+        else:
+            low = [d for d in ev.depths if "task.train_depth" not in bad and d < t.train_depth]
+            check("eval.depths", lambda: not low,
+                  f"{low} are below task.train_depth={t.train_depth}; test depths must be >= it")
+            check("eval.depths", lambda: list(ev.depths) == sorted(set(ev.depths)),
+                  f"must be strictly increasing, got {list(ev.depths)}")
+    at_least("eval.num_sequences", 1)
+    at_least("eval.batch_size", 1)
+    seed("eval.seed")
+    one_of("backbone.attn_implementation", ATTN_IMPLEMENTATIONS)
+    at_least("backbone.attention_window", 0, " (0 = full causal attention)")
+    at_least("backbone.adapter_alpha", 0, " (0 = the paper's [0 | I])")
+    at_least("recipe.extra_iterations", 0)
+    check("recipe.dense_pending recipe.dense_targets", lambda: r.dense_targets or not r.dense_pending,
+          "needs recipe.dense_targets=true")
+    if r.dense_targets is True:
         from par_ray.tasks import TASKS  # local: keeps config importable without torch at import time
 
-        check(t.name not in TASKS or TASKS[t.name].num_states > 0, "recipe.dense_targets",
-              f"task {t.name!r} defines no whole-task state; dense targets need one of "
-              f"{[n for n, task in TASKS.items() if task.num_states > 0]}")
-        check(b.pretrained is None, "recipe.dense_targets",
+        check("recipe.dense_targets task.name", lambda: t.name not in TASKS or TASKS[t.name].num_states > 0,
+              lambda: (f"task {t.name!r} defines no whole-task state; dense targets need one of "
+                       f"{[n for n, task in TASKS.items() if task.num_states > 0]}"))
+        check("recipe.dense_targets backbone.pretrained", lambda: b.pretrained is None,
               "needs a random-init backbone (backbone.pretrained=None): the state classes extend the vocabulary")
-    min_r = -(-t.train_depth // max(r.ops_per_iteration, 1))
-    check(r.max_iterations >= min_r, "recipe.max_iterations",
-          f"must be >= ceil(task.train_depth / recipe.ops_per_iteration) = {min_r}, got {r.max_iterations}")
-
-    check(tr.steps >= 1, "train.steps", f"must be >= 1, got {tr.steps}")
-    check(tr.batch_size >= 1, "train.batch_size", f"must be >= 1, got {tr.batch_size}")
-    check(tr.num_workers >= 1, "train.num_workers", f"must be >= 1, got {tr.num_workers}")
-    check(tr.batch_size % max(tr.num_workers, 1) == 0, "train.batch_size",
-          f"{tr.batch_size} must be divisible by train.num_workers={tr.num_workers}")
-    check(tr.lr > 0, "train.lr", f"must be > 0, got {tr.lr}")
-    check(tr.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {tr.weight_decay}")
-    check(tr.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {tr.warmup_steps}")
-    check(tr.grad_clip >= 0, "train.grad_clip", f"must be >= 0, got {tr.grad_clip}")
-    check(tr.strategy in STRATEGIES, "train.strategy", f"{tr.strategy!r} is not one of {list(STRATEGIES)}")
-    check(tr.strategy != "deepspeed" or r.tied, "train.strategy",
-          "'deepspeed' cannot train the untied baseline (recipe.tied=False): use 'ddp' or 'fsdp' (docs/distributed.md)")
-    check(tr.zero_stage in ZERO_STAGES, "train.zero_stage", f"{tr.zero_stage!r} is not one of {list(ZERO_STAGES)}")
-    check(tr.threads_per_worker >= 0, "train.threads_per_worker", f"must be >= 0, got {tr.threads_per_worker}")
-    for name in ("eval_every", "report_every"):
-        check(getattr(tr, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(tr, name)}")
-    check(tr.checkpoint_every >= 0, "train.checkpoint_every", f"must be >= 0, got {tr.checkpoint_every}")
-    check(tr.keep_checkpoints >= 1, "train.keep_checkpoints", f"must be >= 1, got {tr.keep_checkpoints}")
-
-    if not ev.depths or any(not isinstance(d, int) or d < 1 for d in ev.depths):
-        errs.append(f"eval.depths: must be a non-empty list of positive integers, got {ev.depths!r}")
-    else:
-        low = [d for d in ev.depths if d < t.train_depth]
-        check(not low, "eval.depths", f"{low} are below task.train_depth={t.train_depth}; test depths must be >= it")
-        check(list(ev.depths) == sorted(set(ev.depths)), "eval.depths",
-              f"must be strictly increasing, got {list(ev.depths)}")
-    check(ev.num_sequences >= 1, "eval.num_sequences", f"must be >= 1, got {ev.num_sequences}")
-    check(ev.batch_size >= 1, "eval.batch_size", f"must be >= 1, got {ev.batch_size}")
-    errs += halting_and_stage_errors(cfg)
+    at_least("train.keep_checkpoints", 1)
+    halting_fields = {"recipe.halt_weight", "recipe.ops_per_iteration", "eval.halt_k", "eval.halt_n", "eval.halt_tau",
+                      "eval.halt_max_iterations", "eval.depths", "train.steps", "train.strategy", "stages"}
+    if not bad & halting_fields:  # its checks compare values, so they need the right types
+        errs += halting_and_stage_errors(cfg)
     return errs
 
 
@@ -377,6 +488,25 @@ def halting_and_stage_errors(cfg: TrialConfig) -> list[str]:
     elif sizes_ok:
         check(fixed == tr.steps, "stages", f"the stages' steps must add up to train.steps={tr.steps}, got {fixed}")
     return errs
+
+
+def _pretrained_errors(value: str) -> list[str]:
+    """Problems of ``backbone.pretrained`` under the rule of :func:`pretrained_kind` (checked before anything runs)."""
+    if value.strip() == "":
+        return ["backbone.pretrained: empty; use None for random init, a local directory or a hub id"]
+    if pretrained_kind(value) == "hub":
+        if not _HUB_ID.match(value):
+            return [f"backbone.pretrained: {value!r} is neither a local directory nor a hub id ('name' or "
+                    f"'org/name'); write local directories as ./path or /abs/path"]
+        return []
+    path = os.path.expanduser(value)
+    if not os.path.isdir(path):
+        return [f"backbone.pretrained: local directory {value!r} does not exist (a hub id is 'name' or 'org/name'; "
+                f"a local checkpoint is a directory holding config.json)"]
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return [f"backbone.pretrained: {value!r} holds no config.json, so it is not a transformers checkpoint "
+                f"directory"]
+    return []
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -147,6 +147,8 @@ class SweepTracker:
     git_commit: str = "unknown"
     _runs: dict[str, str] = field(default_factory=dict, repr=False)
     """trial id → child run id (a cache of the tag look-up)."""
+    _last_step: dict[str, float] = field(default_factory=dict, repr=False)
+    """child run id → highest step of a training report logged (a cache of the run's ``step`` metric)."""
     _client: typing.Any = field(default=None, repr=False)
 
     def __getstate__(self):
@@ -230,12 +232,25 @@ class SweepTracker:
 
     def log_metrics(self, trial_id: str, metrics: typing.Mapping[str, typing.Any], step: int) -> None:
         """Numeric entries of ``metrics`` at optimizer step ``step`` (booleans and strings are skipped; keys in
-        :data:`METRIC_NAMES` are renamed)."""
+        :data:`METRIC_NAMES` are renamed).
+
+        A training report (``metrics`` holds ``step``) is logged once per step: one at or below the highest step
+        already logged to the run is dropped. Ray Train replays the steps after the last checkpoint when it restarts
+        a worker group, and a resumed trial starts again from its checkpoint; the run's history keeps the first
+        report of each step, so it is strictly increasing in step.
+        """
         from mlflow.entities import Metric
 
         run_id = self._runs.get(trial_id) or self.find_trial_run(trial_id)
         if run_id is None:
             return
+        if "step" in metrics:
+            last = self._last_step.get(run_id)
+            if last is None:  # a new driver (sweep --resume): the run's latest ``step`` is the highest logged
+                last = self.client.get_run(run_id).data.metrics.get("step", -math.inf)
+            if step <= last:
+                return
+            self._last_step[run_id] = step
         now = int(time.time() * 1000)
         batch = [Metric(METRIC_NAMES.get(k, k), float(v), now, int(step)) for k, v in metrics.items()
                  if isinstance(v, (int, float)) and not isinstance(v, bool)]

@@ -2,7 +2,8 @@
 
     python scripts/probe_depths.py runs/par-s0 --max-depth 32
 
-Reads ``RUN/result.json`` (the resolved config) and ``RUN/final/state.pt`` written by ``python -m par_ray.train``.
+Loads the run's final model with ``par_ray.model.load_trained`` (``RUN`` is a run directory of ``python -m
+par_ray.train`` or any checkpoint directory, written by any strategy: ddp, fsdp, deepspeed), on this process.
 Shows where a learned solution stops: the depth curve (does accuracy decay smoothly or fall off a cliff right past
 d_train?) and, at a fixed depth, whether iteration k really holds z_k (the progress-aligned target). The diagnosis
 line separates the two failures of docs/experiments.md, experiment 5: *prompt length* (the trained iterations
@@ -13,15 +14,11 @@ per iteration (least-squares slope while the frontier advances, up to its first 
 """
 
 import argparse
-import json
-import os
 
 import torch
 
-from par_ray.config import from_flat
-from par_ray.model.looped import build_looped
 from par_ray.halting import model_vocab_size
-from par_ray.objectives import dense_classes
+from par_ray.model import load_trained
 from par_ray.stages import uses_halting
 from par_ray.tasks import build_task
 
@@ -33,12 +30,9 @@ def main() -> None:
     p.add_argument("--iteration-depth", type=int, default=16)
     p.add_argument("-n", type=int, default=256)
     args = p.parse_args()
-    cfg = from_flat(json.load(open(os.path.join(args.run, "result.json")))["config"])
+    trained = load_trained(args.run)
+    cfg, model = trained.config, trained.model
     task = build_task(cfg.task)
-    base_vocab = model_vocab_size(task, cfg.backbone, uses_halting(cfg))  # as the training loop builds it
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=base_vocab + dense_classes(task, cfg.recipe))
-    model.load_state_dict(torch.load(os.path.join(args.run, "final", "state.pt"), weights_only=True)["model"])
-    model.eval()
     c = cfg.recipe.ops_per_iteration
     with torch.no_grad():
         row = []
@@ -60,6 +54,7 @@ def main() -> None:
         if cfg.recipe.targets == "progress":  # elsewhere the queries are not trained on z_k before the end
             print(diagnosis(hits, cfg.task.train_depth, c))
         if cfg.recipe.dense_targets:
+            base_vocab = model_vocab_size(task, cfg.backbone, uses_halting(cfg))  # dense classes come after it
             frontier = frontier_by_iteration(model, ep, -(-d // c), base_vocab)
             print(f"\nat depth {d}: frontier (operations whose state is right in >= 90 % of sequences) per iteration")
             print("k:        " + " ".join(f"{k:>4}" for k in range(1, len(frontier) + 1)))

@@ -1,11 +1,12 @@
 """TrialConfig validation, flat round trip, and every shipped recipe and preset (litgpt test_config_hub style)."""
 
 import dataclasses
+import typing
 
 import pytest
 
 from par_ray import presets
-from par_ray.config import TrialConfig, from_flat, to_flat, with_overrides
+from par_ray.config import TrialConfig, from_flat, pretrained_kind, to_flat, with_overrides
 from par_ray.recipes import RECIPES, apply_recipe
 
 
@@ -82,3 +83,95 @@ def test_unknown_recipe_names_allowed_values():
 def test_configs_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         TrialConfig().task.train_depth = 3
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Values of the right type that are not usable values (issue 14, item 1): every field of every section.
+
+def _all_fields():
+    """(section, field, declared type) of every field of every config section (the stages: see the next test)."""
+    for section in dataclasses.fields(TrialConfig):
+        cls = typing.get_type_hints(TrialConfig)[section.name]
+        if not dataclasses.is_dataclass(cls):  # stages: a tuple of StageConfig
+            continue
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            yield section.name, f, hints[f.name]
+
+
+def _legal(section: str, name: str, value) -> bool:
+    """The only field/value pairs of the walk below that are legal: -1 turns fault injection off."""
+    return (section, name, value) == ("train", "fail_at_step", -1)
+
+
+def _wrong_type(hint):
+    """A value of another type: an int where a string is declared, else a string."""
+    return 3 if str in (hint, *typing.get_args(hint)) else "x"
+
+
+@pytest.mark.parametrize("kind", ["inf", "nan", "negative", "wrong_type"])
+def test_every_field_rejects_unusable_values_with_one_error_naming_it(kind):
+    checked = 0
+    for section, f, hint in _all_fields():
+        value = {"inf": float("inf"), "nan": float("nan"), "negative": -1, "wrong_type": _wrong_type(hint)}[kind]
+        cfg = with_overrides(TrialConfig(), **{section: {f.name: value}})
+        if _legal(section, f.name, value):
+            cfg.validate()
+            continue
+        with pytest.raises(ValueError) as e:
+            cfg.validate()
+        lines = str(e.value).splitlines()[1:]
+        name = f"{section}.{f.name}"
+        assert lines[0].strip().startswith(f"- {name}:"), (name, value, lines)
+        assert "Traceback" not in str(e.value)
+        checked += 1
+    assert checked >= 35  # every field of the five sections
+
+
+@pytest.mark.parametrize("kind", ["inf", "nan", "negative", "wrong_type"])
+def test_every_stage_field_rejects_unusable_values_with_one_error_naming_it(kind):
+    from par_ray.config import StageConfig
+
+    hints = typing.get_type_hints(StageConfig)
+    for f in dataclasses.fields(StageConfig):
+        value = {"inf": float("inf"), "nan": float("nan"), "negative": -1, "wrong_type": _wrong_type(hints[f.name])}[kind]
+        cfg = dataclasses.replace(TrialConfig(), stages=(dataclasses.replace(StageConfig(), **{f.name: value}),))
+        with pytest.raises(ValueError) as e:
+            cfg.validate()
+        first = str(e.value).splitlines()[1].strip()
+        assert first.startswith(f"- stages[0].{f.name}:"), (f.name, value, first)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("train.lr", "inf"), ("train.lr", "nan"), ("train.lr", "-inf"), ("train.seed", "-1"), ("eval.seed", "-3"),
+    ("recipe.hold_lambda", "inf"), ("recipe.stretch_max", "nan"), ("train.grad_clip", "inf"),
+    ("train.weight_decay", "nan"), ("train.collective_timeout_s", "0"), ("train.fail_at_step", "-2"),
+])
+def test_flat_overrides_of_unusable_values_are_rejected(field, value):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        from_flat({field: value}).validate()
+
+
+def test_legal_edge_values_are_accepted():
+    for flat in ({"train.fail_at_step": -1, "train.checkpoint_every": 0}, {"train.grad_clip": 0.0},
+                 {"train.seed": 2**63 - 1}, {"recipe.hold_lambda": 0}, {"train.lr": 1}):
+        from_flat(flat).validate()
+
+
+def test_pretrained_rule_local_paths_must_exist_hub_ids_are_legal(tmp_path):
+    ok = lambda v: with_overrides(TrialConfig(), backbone={"pretrained": v}).validate()  # noqa: E731
+    for hub in ("Qwen/Qwen2.5-0.5B", "gpt2", "Qwen/Qwen3-0.6B"):
+        assert pretrained_kind(hub) == "hub"
+        ok(hub)
+    for missing in (str(tmp_path / "nope"), "./nope", "~/definitely/not/here", "runs/x/final"):
+        assert pretrained_kind(missing) == "local"
+        with pytest.raises(ValueError, match="backbone.pretrained: local directory .* does not exist"):
+            ok(missing)
+    (tmp_path / "ckpt").mkdir()
+    with pytest.raises(ValueError, match="no config.json"):
+        ok(str(tmp_path / "ckpt"))
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    ok(str(tmp_path / "ckpt"))
+    for junk in ("", "org/name with space", "a/b c"):
+        with pytest.raises(ValueError, match="backbone.pretrained"):
+            ok(junk)

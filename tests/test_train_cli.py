@@ -24,11 +24,47 @@ PY = sys.executable
     (["--set", "backbone.split=1,1,1"], "backbone.split"),
     (["--set", "train.lr"], "--set"),
     (["--set", "train.nope=3"], "train.nope"),
+    # right type, unusable value (issue 14): rejected before --out is created or a model is built
+    (["--seed", "-1"], "train.seed"),
+    (["--pretrained", "/nonexistent/qwen-checkpoint"], "backbone.pretrained"),
+    (["--pretrained", "./no/such/dir"], "backbone.pretrained"),
+    (["--set", "train.lr=inf"], "train.lr"),
+    (["--set", "train.lr=nan"], "train.lr"),
+    (["--set", "recipe.hold_lambda=-inf"], "recipe.hold_lambda"),
+    (["--set", "eval.seed=-5"], "eval.seed"),
 ])
-def test_bad_input_is_one_clear_error(argv, field, capsys):
-    assert main(argv + ["--out", "/nonexistent/never-created"]) == 2
+def test_bad_input_is_one_clear_error(argv, field, capsys, tmp_path):
+    out = tmp_path / "never-created"
+    assert main(argv + ["--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and field in err and "Traceback" not in err
+    assert not out.exists()
+
+
+BASE = ["--train-depth", "4", "--eval-depths", "4,8", "--set", "eval.num_sequences=8", "--set", "train.batch_size=8",
+        "--set", "train.eval_every=100", "--set", "train.warmup_steps=1"]
+
+
+def test_rerun_in_same_out_with_other_config_is_refused_naming_fields(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(BASE + ["--steps", "2", "--out", str(out)]) == 0
+    before = (out / "result.json").read_text()
+    capsys.readouterr()
+    assert main(BASE + ["--steps", "3", "--set", "train.lr=3e-4", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "train.steps: 2 → 3" in err and "train.lr: 0.001 → 0.0003" in err and "another --out" in err
+    assert (out / "result.json").read_text() == before  # nothing touched
+    # the same config again is accepted (it resumes, or in local mode retrains identically)
+    assert main(BASE + ["--steps", "2", "--out", str(out)]) == 0
+
+
+def test_diverging_run_fails_naming_step_and_loss(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(BASE + ["--steps", "6", "--set", "train.lr=1e30", "--set", "train.grad_clip=0", "--out",
+                        str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: training failed") and "diverged at step" in err and "loss" in err
+    assert not (out / "result.json").exists()
 
 
 def test_malformed_list_is_rejected_by_argparse_without_traceback():

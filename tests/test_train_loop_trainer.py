@@ -5,17 +5,13 @@ import json
 import pytest
 import torch
 
-from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, with_overrides
-from par_ray.train.trainer import MetricsLog, build_trainer, fault_injection_errors, run_name
-
-
-def test_run_name_is_deterministic_and_ignores_worker_count():
-    cfg = TrialConfig()
-    assert run_name(cfg) == run_name(TrialConfig()) == "par-tiny-qwen2-swap_s5-seed0-ddp"
-    # a re-submitted job on another worker count resumes the same run; another strategy or seed is another run
-    assert run_name(with_overrides(cfg, train={"num_workers": 4})) == run_name(cfg)
-    assert run_name(with_overrides(cfg, train={"strategy": "fsdp"})) != run_name(cfg)
-    assert run_name(with_overrides(cfg, train={"seed": 1})) != run_name(cfg)
+from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, to_flat, with_overrides
+from par_ray.model import load_trained
+from par_ray.train.checkpoint import evaluate_trained
+from par_ray.train.loop import LockstepError, check_lockstep, resume_mismatch
+from par_ray.train.strategies import World
+from par_ray.train.trainer import (MetricsLog, OncePerStep, build_trainer, fault_injection_errors, run_name,
+                                   torch_config)
 
 
 @pytest.mark.parametrize("train,local,problem", [
@@ -62,3 +58,105 @@ def test_local_run_exports_final_state(tmp_path):
     assert json.loads((tmp_path / "final" / "extra.json").read_text())["step"] == 3
     state = torch.load(tmp_path / "final" / "state.pt", weights_only=True)
     assert set(state) == {"model", "optimizer", "scheduler"} and state["scheduler"]["last_epoch"] == 3
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Issue 14: run names from the whole config, resume checks, lockstep, divergence, exactly-once reports, loading.
+
+def tiny(**train) -> TrialConfig:
+    return TrialConfig(task=TaskConfig(train_depth=4), recipe=RecipeConfig(grad_window=2, max_iterations=8),
+                       train=TrainConfig(**{"steps": 3, "batch_size": 4, "warmup_steps": 1, "threads_per_worker": 1,
+                                            "checkpoint_every": 0, "eval_every": 2, **train}),
+                       eval=EvalConfig(depths=(4, 8), num_sequences=8, batch_size=4))
+
+
+def fit_local(cfg, tmp_path, export="final"):
+    threads = torch.get_num_threads()
+    try:
+        return build_trainer(cfg, None, str(tmp_path / "ray"), local=True,
+                             export_dir=str(tmp_path / export) if export else None).fit()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_run_name_hashes_the_whole_config_but_not_placement():
+    cfg = TrialConfig()
+    name = run_name(cfg)
+    assert name.startswith("par-tiny-qwen2-swap_s5-seed0-ddp-") and name == run_name(TrialConfig())
+    # where the run is placed resumes the same run; anything trained differently is another run
+    for same in ({"num_workers": 4}, {"threads_per_worker": 2}, {"fail_at_step": 3}, {"collective_timeout_s": 60.0}):
+        assert run_name(with_overrides(cfg, train=same)) == name, same
+    for other in ({"lr": 3e-4}, {"steps": 10}, {"strategy": "fsdp"}, {"seed": 1}, {"batch_size": 32}):
+        assert run_name(with_overrides(cfg, train=other)) != name, other
+    assert run_name(with_overrides(cfg, recipe={"anchoring": False})) != name
+    assert run_name(with_overrides(cfg, eval={"num_sequences": 16})) != name
+
+
+def test_resume_mismatch_names_fields_and_ignores_placement():
+    a = to_flat(TrialConfig())
+    b = to_flat(with_overrides(TrialConfig(), train={"lr": 3e-4, "steps": 10, "num_workers": 2}))
+    assert resume_mismatch(a, b) == ["train.lr: 0.001 → 0.0003", "train.steps: 3000 → 10"]
+    assert resume_mismatch(a, json.loads(json.dumps(a))) == []  # read back from extra.json / config.json
+
+
+def test_torch_config_times_collectives_out_after_the_configured_seconds():
+    assert torch_config(TrialConfig()).timeout_s == 300
+    assert torch_config(with_overrides(TrialConfig(), train={"collective_timeout_s": 12.5})).timeout_s == 13
+    assert torch_config(TrialConfig()).backend == "gloo"
+
+
+class _TwoRanks:
+    """An engine stand-in on rank 0 of 2 whose all-reduce adds rank 1's row of the plan table."""
+
+    def __init__(self, other_plan):
+        self.world, self.device, self.other = World(rank=0, size=2), torch.device("cpu"), other_plan
+
+    def all_reduce_sum(self, t):
+        t[1] += torch.tensor(self.other, dtype=t.dtype)
+        return t
+
+
+def test_lockstep_check_names_the_ranks_that_disagree():
+    check_lockstep(_TwoRanks([5, 3, 3]), step=5, depth=3, R=3)  # same plan: nothing
+    with pytest.raises(LockstepError, match=r"step 6 \(rank 0: step 5 d=3 R=3, rank 1: step 5 d=3 R=4\)"):
+        check_lockstep(_TwoRanks([5, 3, 4]), step=5, depth=3, R=3)
+
+
+def test_once_per_step_drops_replayed_reports_and_keeps_failures(tmp_path):
+    log = MetricsLog(str(tmp_path / "log.jsonl"))
+    once = OncePerStep([log])
+    for step in (1, 2, 3, 4, 5):  # checkpoint at 4, fault after 5: the restarted group replays 5
+        once.after_report(None, [{"step": step}], None)
+    once.after_exception(None, {0: RuntimeError("lost node")})
+    for step in (5, 6, 7):
+        once.after_report(None, [{"step": step}], None)
+    records = log.read()
+    assert [r["metrics"]["step"] for r in records if "metrics" in r] == [1, 2, 3, 4, 5, 6, 7]
+    assert any("failure" in r for r in records)
+
+
+def test_final_report_has_per_iteration_probe_and_checkpoint_holds_last_eval(tmp_path):
+    result = fit_local(tiny(), tmp_path)
+    m = result.metrics
+    # the probe at d_train = 4, c = 1: R = 4 iterations, one forward pass, every k present
+    assert sorted(k for k in m if k.startswith("loss_k")) == [f"loss_k{k}" for k in range(1, 5)]
+    assert sorted(k for k in m if k.startswith("rms_k")) == [f"rms_k{k}" for k in range(1, 5)]
+    extra = json.loads((tmp_path / "final" / "extra.json").read_text())
+    assert extra["step"] == 3 and extra["last_eval"]["acc_d4"] == m["acc_d4"] and extra["last_eval"]["G"] == m["G"]
+    assert extra["config"] == json.loads(json.dumps(to_flat(tiny())))
+    # the export loads with the project's own loader and evaluates to the run's own final numbers
+    trained = load_trained(str(tmp_path))
+    assert trained.format == "ddp" and trained.step == 3 and trained.config == tiny()
+    ev = evaluate_trained(trained)
+    assert ev["acc"] == {4: m["acc_d4"], 8: m["acc_d8"]} and ev["G"] == m["G"]
+
+
+def test_diverging_trial_fails_at_once_naming_step_and_loss(tmp_path):
+    with pytest.raises(Exception) as e:
+        fit_local(tiny(lr=1e30, grad_clip=0.0, steps=6), tmp_path, export=None)
+    chain, err = [], e.value
+    while err is not None:
+        chain.append(f"{type(err).__name__}: {err}")
+        err = err.__cause__ or err.__context__
+    text = " | ".join(chain)
+    assert "diverged at step" in text and ("loss nan" in text or "loss inf" in text), text

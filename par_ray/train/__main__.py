@@ -1,7 +1,12 @@
 """Single-process trainer: ``python -m par_ray.train --backbone tiny-qwen2 --task swap_s5 --recipe par ...``.
 
-Runs the one training loop (``par_ray.train.loop``) in Ray Train's local mode, prints progress and, at the end, the
-accuracy-by-depth table and G, and writes ``OUT/result.json``. Any other knob: ``--set section.field=value``.
+Runs the one training loop (``par_ray.train.loop``) in Ray Train's local mode (or on ``--workers`` Ray workers),
+prints progress and, at the end, the accuracy-by-depth table and G, and writes ``OUT/result.json``. Any other knob:
+``--set section.field=value``. The final model is ``OUT/final`` (load it with ``par_ray.model.load_trained``).
+
+``OUT/config.json`` records the config of the run in ``OUT``. Rerunning with the same ``--out`` continues that run
+from its latest checkpoint only when the config is the same (workers and threads may change); any other config is
+refused, naming the fields that differ, before anything is written.
 """
 
 from __future__ import annotations
@@ -96,22 +101,62 @@ def config_from_args(args):
     return from_flat(flat, base=cfg).validate()
 
 
+def check_out_dir(out: str, flat: dict) -> None:
+    """Raise ``ValueError`` if ``out`` cannot hold this run: a file, or a directory of a run with another config.
+
+    ``OUT/config.json`` is the flat config of the run that ``out`` holds. Fields that may differ are those that do
+    not change what is trained (``par_ray.train.loop.RESUME_FREE_FIELDS``: workers, threads, fault injection).
+    """
+    from par_ray.train.loop import resume_mismatch  # noqa: PLC0415 - after validation: imports torch and Ray
+
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out: {out} exists and is not a directory")
+    stored_path = os.path.join(out, "config.json")
+    if not os.path.isfile(stored_path):
+        return
+    with open(stored_path) as f:
+        stored = json.load(f)
+    differ = resume_mismatch(stored, flat)
+    if differ:
+        raise ValueError(f"--out: {out} holds a run with another config; rerunning there would continue it. Use "
+                         f"another --out, or the same settings to resume it. Differing fields (stored → now):\n  - "
+                         + "\n  - ".join(differ))
+
+
+def _failure_reason(error: BaseException) -> str:
+    """The workers' own error messages inside Ray Train's ``TrainingFailedError`` (or the error itself)."""
+    failures = getattr(error, "worker_failures", None)
+    if failures:
+        return "; ".join(f"rank {rank}: {type(e).__name__}: {e}" for rank, e in sorted(failures.items()))
+    cause = error.__cause__ or error.__context__
+    return f"{type(error).__name__}: {error}" + (f" (cause: {type(cause).__name__}: {cause})" if cause else "")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         cfg = config_from_args(args)
+        out = os.path.abspath(args.out)
+        check_out_dir(out, to_flat(cfg))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from par_ray.train.trainer import build_trainer, run_name  # heavy imports after validation
+    import ray.train  # noqa: PLC0415 - heavy imports after validation
+
+    from par_ray.train.trainer import build_trainer, run_name
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # local mode logs every report at INFO
 
-    out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(to_flat(cfg), f, indent=2)
     t0 = time.time()
-    result = build_trainer(cfg, run_name(cfg), storage_path=os.path.join(out, "ray"), local=cfg.train.num_workers == 1,
-                           export_dir=os.path.join(out, "final")).fit()
+    try:
+        result = build_trainer(cfg, run_name(cfg), storage_path=os.path.join(out, "ray"),
+                               local=cfg.train.num_workers == 1, export_dir=os.path.join(out, "final")).fit()
+    except (ray.train.TrainingFailedError, FloatingPointError, ValueError, RuntimeError) as e:
+        print(f"error: training failed: {_failure_reason(e)}", file=sys.stderr)
+        return 1
     m = result.metrics
     acc = {d: m[f"acc_d{d}"] for d in cfg.eval.depths}
     ex = Extrapolation(d50=int(m["d50"]) if "d50" in m else None, G=m["G"], censored=bool(m["G_censored"]),

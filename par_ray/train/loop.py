@@ -4,16 +4,29 @@
 single-process trainer (``python -m par_ray.train``) runs the *same* function through Ray Train's local mode
 (``ScalingConfig(num_workers=0)``), so there is exactly one loop (nanoGPT: "runs unchanged under python or torchrun").
 
-Per step: plan (d, R, s) from (seed, step) → the rank's shard of the global batch → :func:`train_step`. Every
-``report_every`` steps: metrics; every ``eval_every``: accuracy by depth, d50, G; every ``checkpoint_every``: a
+Per step: plan (d, R, s) from (seed, step), checked equal on every rank (:func:`check_lockstep`) → the rank's shard
+of the global batch → :func:`train_step` → a non-finite loss ends the trial at once
+(:class:`NonFiniteLossError`). Every ``report_every`` steps: metrics; every ``eval_every``: accuracy by depth, d50,
+G and the per-iteration probe (``loss_k{k}``, ``rms_k{k}``: :func:`probe_metrics`); every ``checkpoint_every``: a
 checkpoint with the report. The last report always carries a checkpoint, so ``Result.metrics`` holds final metrics.
 A trial is a list of stages (``par_ray.stages``): global step → (stage, step in stage) is pure, so the stage's recipe,
 frozen parts and stretch ramp follow from the step alone, on a fresh run and on one resumed mid-stage.
 Marked ``# ray`` lines are the only Ray calls.
+
+Resuming: a checkpoint holds the model, optimizer and scheduler (the strategy's format) plus ``extra.json``: the
+step, the training time, the last evaluation (so the first report after a resume carries ``acc_d*``/``G`` as the
+uninterrupted run's would) and the flat config that wrote it. A checkpoint written under another config is refused
+(:func:`resume_mismatch`), except for the fields in :data:`RESUME_FREE_FIELDS` that do not change what is trained.
+
+Reports between the last checkpoint and a fault are sent again when the restarted worker group replays those steps
+(Ray Train V2 delivers reports at least once). Consumers keep one report per step: ``build_trainer`` forwards a
+report to its callbacks only when its step is past the last one forwarded, and the MLflow tracker logs a step only
+once (``par_ray.tracking``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -21,16 +34,61 @@ import time
 import ray.train  # ray
 import torch
 
-from par_ray.config import TrialConfig
+from par_ray.config import TrialConfig, to_flat
 from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics
 from par_ray.halting import halt_tokens, model_vocab_size
 from par_ray.model.looped import build_looped
-from par_ray.objectives import dense_classes
+from par_ray.objectives import dense_classes, par_loss
+from par_ray.schedules import plan_step
 from par_ray.tasks import build_task
 from par_ray.schedules import stretch_cap
 from par_ray.stages import frozen_parameters, resolve_stages, stage_at, uses_halting
 from par_ray.train.step import train_step
-from par_ray.train.strategies import World, prepare
+from par_ray.train.strategies import World, prepare, read_extra
+
+RESUME_FREE_FIELDS = frozenset({"train.num_workers", "train.threads_per_worker", "train.fail_at_step",
+                                "train.collective_timeout_s"})
+"""Flat config fields a checkpoint may be resumed under with another value: where the run is placed (ddp and fsdp
+checkpoints load on any world size), fault injection and the collective timeout. Every other field changes what is
+trained (a learning rate, the step count that shapes the LR schedule, the data), so a resume must match it."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss of a step is inf or NaN: the trial has diverged and stops at once, naming step and loss."""
+
+
+class LockstepError(RuntimeError):
+    """Ranks disagree on what a step runs (its depth d or iteration count R): their collectives would not match."""
+
+
+def resume_mismatch(stored: dict, current: dict) -> list[str]:
+    """``"field: stored → current"`` for every flat config field that differs and may not (``RESUME_FREE_FIELDS``).
+
+    ``stored`` and ``current`` are :func:`par_ray.config.to_flat` dicts; values are compared as strings, so a config
+    read back from JSON compares equal to the one that wrote it. A field missing on one side counts as different.
+    """
+    def shown(flat: dict, key: str) -> str:
+        return str(flat[key]) if key in flat else "(absent)"
+
+    keys = sorted((set(stored) | set(current)) - RESUME_FREE_FIELDS)
+    return [f"{k}: {shown(stored, k)} → {shown(current, k)}" for k in keys if shown(stored, k) != shown(current, k)]
+
+
+def check_lockstep(engine, step: int, depth: int, R: int) -> None:
+    """Raise :class:`LockstepError` on every rank unless all ranks plan the same (step, d, R) for this step.
+
+    One all-reduce of a (world size × 3) table in which each rank fills its own row: every rank then sees every
+    rank's plan and raises the same error naming the ranks, before a mismatched forward could hang a collective or
+    silently train different iteration counts (DDP's gradient all-reduce matches in count whatever R is).
+    """
+    world = engine.world
+    table = torch.zeros(world.size, 3, dtype=torch.float64, device=engine.device)
+    table[world.rank] = torch.tensor([step, depth, R], dtype=torch.float64, device=engine.device)
+    rows = engine.all_reduce_sum(table).tolist()
+    if any(row != rows[0] for row in rows):
+        plans = ", ".join(f"rank {i}: step {int(s)} d={int(d)} R={int(r)}" for i, (s, d, r) in enumerate(rows))
+        raise LockstepError(f"ranks disagree on the plan of step {step + 1} ({plans}); the per-step schedule must be "
+                            f"a pure function of (seed, step) on every rank (par_ray.schedules.plan_step)")
 
 
 class _Printer:
@@ -45,8 +103,39 @@ class _Silent:
         pass
 
 
+@torch.no_grad()
+def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
+    """Per-iteration loss ``loss_k{k}`` and state RMS ``rms_k{k}``, k = 1..R, from one fixed probe batch.
+
+    The probe: ``min(eval.num_sequences, eval.batch_size)`` sequences (at least one per rank) at depth d_train (seed ``eval.seed + 1``, the
+    same at every evaluation), run for R = ceil(d_train / c) iterations with every iteration read out. ``loss_k`` is
+    the recipe's own cross-entropy at iteration k (progress or final-answer targets, ``par_ray.objectives``), averaged
+    over batch and queries; ``rms_k`` the mean RMS of the state after iteration k over batch and tokens. Every value
+    of one evaluation comes from this one forward pass, so a curve over k compares like with like; training steps
+    draw their own R, so their per-iteration numbers are not reported.
+    """
+    world, c = engine.world, cfg.recipe.ops_per_iteration
+    depth = cfg.task.train_depth
+    n = max(min(cfg.eval.num_sequences, cfg.eval.batch_size), world.size)  # at least one row per rank
+    ep = task.sample(depth, n, seed=cfg.eval.seed + 1, step=0)
+    ids_BT = ep.input_ids[world.rank::world.size].to(engine.device)
+    states_BDQ = ep.states[world.rank::world.size].to(engine.device)
+    R = math.ceil(depth / c)
+    with engine.autocast():
+        out = engine.model(ids_BT, ep.read_positions.to(engine.device), R, None, 1.0, "all")
+    lo = par_loss(out.logits_KBQV, out.iterations, states_BDQ, c, cfg.recipe.targets)
+    rows = float(ids_BT.shape[0])  # ranks may hold one row more or less: weight each rank's means by its rows
+    sums = torch.cat([torch.tensor([rows], dtype=torch.float64, device=engine.device),
+                      lo.per_iteration_K.double() * rows, out.state_rms_R.double() * rows])
+    sums = engine.all_reduce_sum(sums)
+    means = (sums[1:] / sums[0].clamp_min(1)).tolist()
+    return {**{f"loss_k{k}": v for k, v in zip(out.iterations, means[:R])},
+            **{f"rms_k{k}": v for k, v in enumerate(means[R:], start=1)}}
+
+
 def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict[str, float]:
-    """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``.
+    """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``,
+    and the per-iteration probe (:func:`probe_metrics`).
 
     ``recipe``: the current stage's recipe (default ``cfg.recipe``); when it trains halting (and ``halt`` holds the
     halting tokens), also the halting-vs-oracle metrics of :func:`par_ray.evaluation.halting_metrics`.
@@ -66,6 +155,7 @@ def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict
         res = halting_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, halt, engine.device,
                                world.rank, world.size, engine.all_reduce_sum)
         out.update(halting_metrics(res, recipe.ops_per_iteration))
+    out.update(probe_metrics(engine, task, cfg))
     return out
 
 
@@ -94,15 +184,20 @@ def train_loop_per_worker(loop_config: dict) -> None:
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=base_vocab + dense_classes(task, cfg.recipe))
     engine = prepare(model, tc, world)
 
-    start, train_seconds = 0, 0.0
+    flat = to_flat(cfg)
+    start, train_seconds, last_eval = 0, 0.0, {}
     checkpoint = ray.train.get_checkpoint()  # ray
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
+            stored = read_checkpoint_config(d)
+            differ = resume_mismatch(stored, flat) if stored is not None else []
+            if differ:  # before loading anything: the stored state belongs to another experiment
+                raise ValueError("the checkpoint to resume was written under another config (use another run name "
+                                 "or --out, or the same settings):\n  - " + "\n  - ".join(differ))
             extra = engine.load(d)
-        start, train_seconds = extra["step"], extra["train_seconds"]
+        start, train_seconds, last_eval = extra["step"], extra["train_seconds"], extra.get("last_eval", {})
         log(f"resumed from step {start}")
 
-    last_eval: dict[str, float] = {}
     window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
     stage, frozen = None, []
     for step in range(start, tc.steps):
@@ -115,8 +210,17 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 log(f"stage {stage.index}: steps {stage.start}..{stage.end}, recipe {stage.recipe.name}, "
                     f"frozen {stage.frozen}")
         s_max = stretch_cap(stage.recipe.stretch_max, in_stage, stage.steps) if stage.recipe.stretch_ramp else None
+        if world.is_distributed:
+            plan = plan_step(cfg.task, stage.recipe, tc.seed, step, stretch_max=s_max)
+            check_lockstep(engine, step, plan.depth, plan.R)
         res = train_step(engine, train_task, cfg.task, stage.recipe, tc.seed, step, tc.batch_size, world.rank,
                          world.size, halt=halt, stretch_max=s_max, frozen=frozen, dense_offset=base_vocab)
+        if not math.isfinite(res.loss):
+            # This rank's loss: non-finite parameters make every rank's loss non-finite at the same step; a rank
+            # that alone sees it raises, and Ray Train stops the whole worker group.
+            raise NonFiniteLossError(
+                f"training diverged at step {step + 1}: loss {res.loss} (rank {world.rank}, lr {engine.lr:g}, "
+                f"gradient norm {res.grad_norm}); lower train.lr or raise train.warmup_steps")
         train_seconds += res.seconds
         window["loss"] += res.loss
         window["seconds"] += res.seconds
@@ -129,12 +233,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
         want_ckpt = is_last or (tc.checkpoint_every and done % tc.checkpoint_every == 0)
         if done % tc.report_every == 0 or is_last or want_ckpt:
             n = max(window["n"], 1)
-            # Losses, accuracy and state RMS are means over this rank's rows; average them over ranks (equal
-            # shards) so the report is the global batch's, whatever the world size.
-            K = len(res.per_iteration)
-            window_loss, last_loss, train_acc, *rest = _mean_over_ranks(
-                engine, [window["loss"], res.loss, res.accuracy, *res.per_iteration, *res.state_rms])
-            per_iteration, state_rms = rest[:K], rest[K:]
+            # Losses and accuracy are means over this rank's rows; average them over ranks (equal shards) so the
+            # report is the global batch's, whatever the world size. Per-iteration numbers come from the
+            # evaluation's probe (last_eval), not from this step, whose R is a random draw.
+            window_loss, last_loss, train_acc = _mean_over_ranks(engine, [window["loss"], res.loss, res.accuracy])
             halt_train = {}
             if res.halt_loss is not None:  # the same stage on every rank, so every rank joins this all-reduce
                 halt_loss, halt_acc = _mean_over_ranks(engine, [res.halt_loss, res.halt_accuracy])
@@ -143,8 +245,6 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 "step": done,
                 "loss": window_loss / n,
                 "loss_last_step": last_loss,
-                **{f"loss_k{k}": v for k, v in zip(res.iterations, per_iteration)},
-                **{f"rms_k{k}": v for k, v in enumerate(state_rms, start=1)},
                 "train_acc": train_acc,
                 "depth": res.plan.depth,
                 "R": res.plan.R,
@@ -164,15 +264,30 @@ def train_loop_per_worker(loop_config: dict) -> None:
                    f"  G {last_eval['G']:.2f}" if last_eval else ""))
             window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
             if want_ckpt:
-                extra = {"step": done, "train_seconds": train_seconds}
-                with tempfile.TemporaryDirectory() as d:
-                    engine.save(d, extra)
-                    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))  # ray
-                if is_last and export_dir:  # a copy outside Ray's storage (local mode keeps no checkpoint files)
-                    os.makedirs(export_dir, exist_ok=True)
-                    engine.save(export_dir, extra)  # every rank: sharded strategies write their own part
+                extra = {"step": done, "train_seconds": train_seconds, "last_eval": last_eval, "config": flat,
+                         "report": metrics}
+                _report_with_checkpoint(engine, metrics, extra, export_dir if is_last else None)
             else:
                 ray.train.report(metrics)  # ray
+    if start >= tc.steps and "report" in extra:
+        # Resumed a finished run (the same config rerun): nothing to train. Report its final metrics again, with
+        # its state, so the caller's Result and the export hold them as after the first run.
+        _report_with_checkpoint(engine, extra["report"], extra, export_dir)
+
+
+def _report_with_checkpoint(engine, metrics: dict, extra: dict, export_dir: str | None) -> None:
+    """Save the engine's state with ``extra`` and report it with ``metrics``; also write it to ``export_dir``."""
+    with tempfile.TemporaryDirectory() as d:
+        engine.save(d, extra)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))  # ray
+    if export_dir:  # a copy outside Ray's storage (local mode keeps no checkpoint files)
+        os.makedirs(export_dir, exist_ok=True)
+        engine.save(export_dir, extra)  # every rank: sharded strategies write their own part
+
+
+def read_checkpoint_config(directory: str) -> dict | None:
+    """The flat config stored in a checkpoint's ``extra.json`` (``None`` for checkpoints that predate it)."""
+    return read_extra(directory).get("config")
 
 
 def _mean_over_ranks(engine, values: list[float]) -> list[float]:

@@ -7,7 +7,9 @@ usual and no Ray cluster started, which is how ``python -m par_ray.train`` train
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import math
 import os
 import socket
 
@@ -16,8 +18,8 @@ import ray.train
 from ray.train import UserCallback
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from par_ray.config import TrialConfig
-from par_ray.train.loop import train_loop_per_worker
+from par_ray.config import TrialConfig, to_flat
+from par_ray.train.loop import RESUME_FREE_FIELDS, train_loop_per_worker
 
 
 @contextlib.contextmanager
@@ -79,14 +81,59 @@ class MetricsLog(UserCallback):
             return []
 
 
-def run_name(cfg: TrialConfig) -> str:
-    """Deterministic run name, ``{recipe}-{backbone}-{task}-seed{seed}-{strategy}`` (no timestamp, no random suffix).
+class OncePerStep(UserCallback):
+    """Forward each report to ``callbacks`` once per step: only when its ``step`` is past the last one forwarded.
 
-    Ray Train V2 resumes a run whose name and storage path already hold checkpoints, so re-submitting the same
-    trial continues it. The strategy is part of the name because checkpoint formats differ between strategies;
-    the worker count is not, since ddp and fsdp checkpoints load on any world size.
+    Ray Train V2 restarts a failed worker group from the latest checkpoint, so the reports made between that
+    checkpoint and the fault are made again (at-least-once delivery). This controller-side filter turns them into
+    exactly-once for everything downstream (Tune's result stream, MLflow, :class:`MetricsLog`) within one
+    ``fit()``; the replayed step trains the same batch from the same state, so the report already forwarded stands
+    for it. Checkpoints are registered by Train itself, before callbacks run, so dropping a replayed report loses
+    none. Worker failures are always forwarded. Reports without a ``step`` pass through.
     """
-    return f"{cfg.recipe.name}-{cfg.backbone.name}-{cfg.task.name}-seed{cfg.train.seed}-{cfg.train.strategy}"
+
+    def __init__(self, callbacks: list):
+        self.callbacks = list(callbacks)
+        self.last_step = -math.inf
+
+    def after_report(self, run_context, metrics, checkpoint):
+        step = metrics[0].get("step") if metrics else None
+        if step is not None:
+            if step <= self.last_step:
+                return
+            self.last_step = step
+        for cb in self.callbacks:
+            cb.after_report(run_context, metrics, checkpoint)
+
+    def after_exception(self, run_context, worker_exceptions):
+        for cb in self.callbacks:
+            cb.after_exception(run_context, worker_exceptions)
+
+
+def config_hash(cfg: TrialConfig) -> str:
+    """8 hex digits of a SHA-256 over the flat config, less ``RESUME_FREE_FIELDS`` (placement, fault injection)."""
+    flat = {k: str(v) for k, v in to_flat(cfg).items() if k not in RESUME_FREE_FIELDS}
+    return hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def run_name(cfg: TrialConfig) -> str:
+    """Deterministic run name ``{recipe}-{backbone}-{task}-seed{seed}-{strategy}-{config hash}``: no timestamp.
+
+    Ray Train V2 resumes a run whose name and storage path already hold checkpoints, so re-submitting the *same*
+    trial continues it, and a trial with any other setting (a learning rate, the step count) gets another name and
+    starts afresh (:func:`config_hash`). The worker count is not hashed: ddp and fsdp checkpoints load on any
+    world size. The loop also refuses a checkpoint whose stored config differs (``loop.resume_mismatch``), for runs
+    named by hand.
+    """
+    return (f"{cfg.recipe.name}-{cfg.backbone.name}-{cfg.task.name}-seed{cfg.train.seed}-{cfg.train.strategy}-"
+            f"{config_hash(cfg)}")
+
+
+def torch_config(cfg: TrialConfig) -> TorchConfig:
+    """Ray Train's process-group setup: gloo on CPU, NCCL on GPU, collectives timing out after
+    ``train.collective_timeout_s`` (Ray's default is 30 minutes) so that ranks out of step fail in bounded time."""
+    return TorchConfig(backend="nccl" if cfg.train.use_gpu else "gloo",
+                       timeout_s=max(1, math.ceil(cfg.train.collective_timeout_s)))
 
 
 def fault_injection_errors(cfg: TrialConfig, local: bool) -> list[str]:
@@ -120,7 +167,8 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
         storage_path: local directory or ``s3://`` / ``gs://`` URI for checkpoints and results.
         local: run in Ray Train's local mode (this process, one worker), regardless of ``train.num_workers``.
         max_failures: worker-group restarts from the latest checkpoint (``FailureConfig``).
-        callbacks: Ray Train ``UserCallback``s (run on the controller).
+        callbacks: Ray Train ``UserCallback``s (run on the controller); each sees every step's report once
+            (:class:`OncePerStep`), also after a worker-group restart.
         export_dir: also write the final model/optimizer state there (local mode keeps no checkpoint files).
         checkpoint_score: (metric, "max" | "min"): keep the ``train.keep_checkpoints`` best checkpoints by this
             reported metric (plus the latest, which Ray always keeps); ``None``: keep the latest ones. The metric
@@ -142,7 +190,7 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"trial": cfg, "export_dir": export_dir},
-        torch_config=TorchConfig(backend="nccl" if tc.use_gpu else "gloo"),
+        torch_config=torch_config(cfg),
         scaling_config=scaling,
         run_config=ray.train.RunConfig(
             name=name or run_name(cfg),
@@ -152,7 +200,7 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
                 num_to_keep=tc.keep_checkpoints,
                 checkpoint_score_attribute=checkpoint_score[0] if checkpoint_score else None,
                 checkpoint_score_order=checkpoint_score[1] if checkpoint_score else "max"),
-            callbacks=callbacks,
+            callbacks=[OncePerStep(callbacks)] if callbacks else None,
             logging_config=ray.train.LoggingConfig(log_level=log_level),
         ),
     )
