@@ -114,3 +114,7 @@ def frontier_speed(frontier: list[int]) -> float:
     mf = sum(f for _, f in pts) / len(pts)
     var = sum((k - mk) ** 2 for k, _ in pts)
     return sum((k - mk) * (f - mf) for k, f in pts) / var
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""scripts/probe_depths.py as a user runs it: a tiny dense-target run, then the probe prints its rows and diagnosis."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_probe_prints_depth_curve_iterations_diagnosis_and_frontier(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "par_ray.train", "--train-depth", "3", "--steps", "2", "--eval-depths", "3",
+                    "--set", "recipe.dense_targets=true", "--set", "recipe.dense_pending=true", "--out", str(out)],
+                   check=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    probe = subprocess.run([sys.executable, "scripts/probe_depths.py", str(out), "--max-depth", "4",
+                            "--iteration-depth", "4", "-n", "8"],
+                           check=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    text = probe.stdout
+    for line in ("depth:", "accuracy:", "does iteration k hold", "diagnosis:", "frontier:", "frontier speed:"):
+        assert line in text, (line, text)
