@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from par_ray import tracking
 
@@ -30,3 +31,13 @@ def _sweep_runs(uri: str, sweep: str):
 def sweep_runs():
     """The MLflow parent/child runs of a sweep: ``sweep_runs(tracking_uri, sweep_name) -> (parent, children)``."""
     return _sweep_runs
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests: on the shared 2-core machine two spinning OpenMP threads make the tiny
+    steps ~10x slower, and the planner measurements' allocations are the same. Restores the count afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

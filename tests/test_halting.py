@@ -19,12 +19,7 @@ from par_ray.train.step import train_step
 from par_ray.train.strategies import World, prepare
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread per module
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -221,14 +221,6 @@ def test_cli_bad_input_is_one_clear_error(capsys, argv, flag):
 
 # --- against measurement ----------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def one_thread():
-    """Measure single-threaded: the allocations are the same, and 2 shared cores run one thread fastest."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_plan_is_within_10_percent_of_the_measured_peak(one_thread):
     """Real training steps (float32, CPU), peak from the allocator's events: tiny shapes (activations dominate) and

@@ -15,12 +15,7 @@ from par_ray.stages import resolve_stages, stage_at, uses_halting
 from par_ray.tasks import build_task, get_task
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread per module
 
 
 def _trial(steps=10, stages=(StageConfig(),), **sections):
@@ -30,6 +25,20 @@ def _trial(steps=10, stages=(StageConfig(),), **sections):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # global step -> (stage, step in stage)
+
+
+def fit_locally(cfg: TrialConfig, tmp_path, monkeypatch) -> list[dict]:
+    """Train ``cfg`` through the one loop in Ray Train's local mode; returns every report's metrics, in order."""
+    from par_ray.train import loop
+    from par_ray.train.trainer import build_trainer
+
+    reports = []
+    report = loop.ray.train.report
+    monkeypatch.setattr(loop.ray.train, "report", lambda m, checkpoint=None: (reports.append(m),
+                                                                              report(m, checkpoint=checkpoint)))
+    build_trainer(cfg, None, str(tmp_path / "ray"), local=True).fit()
+    torch.set_num_threads(1)  # the loop set train.threads_per_worker; keep the module's one thread
+    return reports
 
 
 def test_default_is_one_stage_of_the_trial_recipe():
@@ -190,21 +199,14 @@ def test_stages_flat_round_trip():
 
 
 def test_default_single_stage_loop_matches_plain_train_step(tmp_path, monkeypatch):
-    from par_ray.train import loop
     from par_ray.train.step import train_step
     from par_ray.train.strategies import World, prepare
-    from par_ray.train.trainer import build_trainer
 
     cfg = TrialConfig(task=TaskConfig(train_depth=4), recipe=RecipeConfig(grad_window=2, max_iterations=8),
                       train=TrainConfig(steps=5, batch_size=4, warmup_steps=1, threads_per_worker=1, report_every=1,
                                         eval_every=5, checkpoint_every=0),
                       eval=EvalConfig(depths=(4,), num_sequences=4, batch_size=4))
-    reports = []
-    report = loop.ray.train.report
-    monkeypatch.setattr(loop.ray.train, "report", lambda m, checkpoint=None: (reports.append(m),
-                                                                              report(m, checkpoint=checkpoint)))
-    build_trainer(cfg, None, str(tmp_path / "ray"), local=True).fit()
-    torch.set_num_threads(1)
+    reports = fit_locally(cfg, tmp_path, monkeypatch)
 
     task = build_task(cfg.task)
     torch.manual_seed(cfg.train.seed)
@@ -216,9 +218,6 @@ def test_default_single_stage_loop_matches_plain_train_step(tmp_path, monkeypatc
 
 
 def test_staged_loop_reports_stage_and_halting_metrics(tmp_path, monkeypatch):
-    from par_ray.train import loop
-    from par_ray.train.trainer import build_trainer
-
     base = TrialConfig(task=TaskConfig(train_depth=3), recipe=RecipeConfig(grad_window=2, max_iterations=8),
                        train=TrainConfig(steps=6, batch_size=4, warmup_steps=1, threads_per_worker=1, report_every=1,
                                          eval_every=3, checkpoint_every=0),
@@ -226,12 +225,7 @@ def test_staged_loop_reports_stage_and_halting_metrics(tmp_path, monkeypatch):
     cfg = dataclasses.replace(apply_recipe(base, "par_halt_posthoc"),
                               stages=(StageConfig(), StageConfig(steps=3, recipe="halt_readout",
                                                                  frozen="all_but_coda")))
-    reports = []
-    report = loop.ray.train.report
-    monkeypatch.setattr(loop.ray.train, "report", lambda m, checkpoint=None: (reports.append(m),
-                                                                              report(m, checkpoint=checkpoint)))
-    build_trainer(cfg, None, str(tmp_path / "ray"), local=True).fit()
-    torch.set_num_threads(1)
+    reports = fit_locally(cfg, tmp_path, monkeypatch)
     assert [m["stage"] for m in reports] == [0, 0, 0, 1, 1, 1]
     assert "halt_loss" not in reports[2] and "halt_acc_d3" not in reports[2]  # PAR stage: no halting yet
     last = reports[-1]

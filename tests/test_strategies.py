@@ -21,13 +21,7 @@ RECIPE = RecipeConfig(grad_window=2, max_iterations=8)
 TRAIN = TrainConfig(steps=6, batch_size=4, warmup_steps=2, lr=1e-3, weight_decay=0.1, grad_clip=0.5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: on a shared 2-core machine two spinning OpenMP threads make these steps ~10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread per module
 
 
 def engine_for(strategy: str, **train):
