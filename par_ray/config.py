@@ -48,6 +48,11 @@ class TaskConfig:
     """Training prompts only: 0..train_filler extra separator tokens (drawn per batch) between the operations and the
     queries, so the distance from the queries to operation k carries no information; test prompts have none. A
     par_ray option, not the paper's (``par_ray.tasks.common.Filler``; docs/experiments.md, experiment 7)."""
+    given_prefix: int = 0
+    """Training prompts only: the first m ~ U{0..given_prefix} operations are given solved, as state tokens, and the
+    model computes the next d, so the operations it learns to compute lie anywhere in 1..d + given_prefix (it can
+    no longer key its update on the position). Needs ``recipe.dense_targets``. A par_ray option for random-init
+    models, not the paper's (``par_ray.tasks.common.GivenPrefix``; docs/experiments.md, experiment 9)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,12 @@ class RecipeConfig:
     extra_iterations: int = 0
     """Slack loop count under the ``forced`` schedule: R = ceil(d / c) + U{0 .. extra_iterations} per step, iterations
     past d / c keep z_d; 0 = the paper's R = ceil(d / c) (docs/experiments.md, experiment 8)."""
+    fixed_point_weight: float = 0.0
+    """With ``dense_targets``: weight λ of the fixed-point loss, the mean relative state change ||s_k - s_{k-1}||² /
+    ||s_1||² of every operation token whose dense target does not change at iteration k (done before it, or still
+    pending after it). Tokens that wait or hold then sit at fixed points, so their state cannot count iterations, and
+    the frontier's update sees the same inputs at every iteration (path independence, Anil et al. 2022). 0 = off; a
+    par_ray option (``objectives.fixed_point_loss``; docs/experiments.md, experiment 9)."""
     halting: bool = False
     """Learned halting (§3, "Learned Halting"): the readout at an appended halting query position is also trained
     to answer Yes when c·k >= d, No otherwise (``par_ray.halting``; loss in ``par_ray.objectives.halting_loss``)."""
@@ -350,6 +361,9 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     one_of("task.name", TASK_NAMES)
     one_of("task.op_order", OP_ORDERS)
     at_least("task.train_filler", 0)
+    at_least("task.given_prefix", 0)
+    check("task.given_prefix recipe.dense_targets", lambda: not t.given_prefix or r.dense_targets is True,
+          "needs recipe.dense_targets=true (the given operations are read in as dense state tokens)")
     at_least("task.train_depth", 1)
     check("task.min_train_depth task.train_depth", lambda: 1 <= t.min_train_depth <= max(t.train_depth, 1),
           lambda: f"must be in [1, task.train_depth={t.train_depth}], got {t.min_train_depth}")
@@ -409,6 +423,9 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     at_least("backbone.attention_window", 0, " (0 = full causal attention)")
     at_least("backbone.adapter_alpha", 0, " (0 = the paper's [0 | I])")
     at_least("recipe.extra_iterations", 0)
+    at_least("recipe.fixed_point_weight", 0, " (0 = off)")
+    check("recipe.fixed_point_weight recipe.dense_targets", lambda: not r.fixed_point_weight or r.dense_targets is True,
+          "needs recipe.dense_targets=true (which tokens hold is read from the dense targets' frontier)")
     check("recipe.dense_pending recipe.dense_targets", lambda: r.dense_targets or not r.dense_pending,
           "needs recipe.dense_targets=true")
     if r.dense_targets is True:

@@ -29,23 +29,27 @@ import torch
 import torch.nn.functional as F
 
 
-def target_indices(iterations: list[int], depth: int, ops_per_iteration: int, targets: str) -> list[int]:
+def target_indices(iterations: list[int], depth: int, ops_per_iteration: int, targets: str,
+                   given: int = 0) -> list[int]:
     """0-based index into ``states`` (B, D, Q) that iteration k is trained on.
 
-    ``progress``: min(c·k, d) - 1 (Eq. 3). ``final`` and ``done``: d - 1 for every k (``done`` then supervises only
-    the iterations with c·k >= d, see :func:`supervised`). Raises ``ValueError`` for other ``targets``.
+    ``progress``: min(m + c·k, d) - 1 (Eq. 3; m = ``given``, the operations given solved, 0 but for
+    ``task.given_prefix``). ``final`` and ``done``: d - 1 for every k (``done`` then supervises only the iterations
+    with m + c·k >= d, see :func:`supervised`). Raises ``ValueError`` for other ``targets``.
     """
     if targets == "progress":
-        return [min(ops_per_iteration * k, depth) - 1 for k in iterations]
+        return [min(given + ops_per_iteration * k, depth) - 1 for k in iterations]
     if targets in ("final", "done"):
         return [depth - 1 for _ in iterations]
     raise ValueError(f"recipe.targets: {targets!r} is not one of ['progress', 'final', 'done']")
 
 
-def supervised(iterations: list[int], depth: int, ops_per_iteration: int, targets: str) -> list[bool]:
+def supervised(iterations: list[int], depth: int, ops_per_iteration: int, targets: str,
+               given: int = 0) -> list[bool]:
     """Which read-out iterations the query loss covers: all of them, except under ``done`` (a par_ray option for
-    dense targets, docs/experiments.md experiment 8), where only iterations that completed the task (c·k >= d) are."""
-    return [targets != "done" or ops_per_iteration * k >= depth for k in iterations]
+    dense targets, docs/experiments.md experiment 8), where only iterations that completed the task
+    (m + c·k >= d, m = ``given``) are."""
+    return [targets != "done" or given + ops_per_iteration * k >= depth for k in iterations]
 
 
 @dataclass
@@ -59,7 +63,7 @@ class LossOutput:
 
 
 def par_loss(logits_KBQV: torch.Tensor, iterations: list[int], states_BDQ: torch.Tensor, ops_per_iteration: int,
-             targets: str) -> LossOutput:
+             targets: str, given: int = 0) -> LossOutput:
     """Cross-entropy of each read-out iteration against its (progress-aligned or final) target.
 
     Args:
@@ -67,12 +71,13 @@ def par_loss(logits_KBQV: torch.Tensor, iterations: list[int], states_BDQ: torch
         states_BDQ: target token ids after every prefix, (B, D, Q); D is the batch's depth d.
         ops_per_iteration: c.
         targets: ``progress``, ``final`` or ``done`` (z_d at the iterations with c·k >= d only).
+        given: m, operations given solved in the prompt (``Episode.given``); 0 = none.
     """
-    idx = target_indices(iterations, states_BDQ.shape[1], ops_per_iteration, targets)
+    idx = target_indices(iterations, states_BDQ.shape[1], ops_per_iteration, targets, given)
     target_KBQ = states_BDQ[:, idx].permute(1, 0, 2)
     ce_KBQ = F.cross_entropy(logits_KBQV.float().flatten(0, 2), target_KBQ.flatten(), reduction="none")
     ce_KBQ = ce_KBQ.view(target_KBQ.shape)
-    on_K = torch.tensor(supervised(iterations, states_BDQ.shape[1], ops_per_iteration, targets),
+    on_K = torch.tensor(supervised(iterations, states_BDQ.shape[1], ops_per_iteration, targets, given),
                         device=ce_KBQ.device)
     return LossOutput(
         loss=ce_KBQ[on_K].mean() if on_K.any() else ce_KBQ.sum() * 0.0,
@@ -89,8 +94,9 @@ def dense_classes(task, recipe_cfg) -> int:
 
 
 def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progress_ids_BD: torch.Tensor,
-                        ops_per_iteration: int, class_offset: int, pending_id: int | None = None) -> LossOutput:
-    """Cross-entropy of the readout at every operation position j behind iteration k's frontier (j <= c·k) against
+                        ops_per_iteration: int, class_offset: int, pending_id: int | None = None,
+                        given: int = 0) -> LossOutput:
+    """Cross-entropy of the readout at every operation position j behind iteration k's frontier (j <= m + c·k) against
     the whole state after operation j (module docstring, L_dense).
 
     Args:
@@ -100,12 +106,14 @@ def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progre
         class_offset: token id of state class 0 (the task's vocabulary size).
         pending_id: ``None``: positions past the frontier are not supervised. Otherwise the token id they are trained
             on (the "pending" class, ``recipe.dense_pending``).
+        given: m, operations given solved as state tokens (``Episode.given``): they are behind the frontier from
+            the start, trained to keep their state.
     Returns: :class:`LossOutput`; ``per_iteration_K`` and ``correct_KBQ`` (here (K, B, D)) cover supervised
         positions only (unsupervised positions count as correct).
     Raises: ValueError if an iteration supervises no position (k < 1).
     """
     K, _, D, _ = logits_KBDV.shape
-    frontier_K = torch.tensor([min(ops_per_iteration * k, D) for k in iterations], device=logits_KBDV.device)
+    frontier_K = torch.tensor([min(given + ops_per_iteration * k, D) for k in iterations], device=logits_KBDV.device)
     if (frontier_K < 1).any():
         raise ValueError(f"iterations: must be >= 1, got {iterations}")
     mask_KD = torch.arange(1, D + 1, device=logits_KBDV.device)[None] <= frontier_K[:, None]
@@ -118,6 +126,27 @@ def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progre
     per_k_K = ce_KBD.sum(dim=(1, 2)) / (mask_KD.sum(-1) * target_KBD.shape[1])
     right_KBD = (logits_KBDV.detach().argmax(-1) == target_KBD) | ~mask_KD[:, None]
     return LossOutput(loss=per_k_K.mean(), per_iteration_K=per_k_K.detach(), correct_KBQ=right_KBD)
+
+
+def fixed_point_loss(change_KBD: torch.Tensor, iterations: list[int], ops_per_iteration: int,
+                     given: int = 0) -> torch.Tensor:
+    """Mean relative state change of the operation tokens whose dense target stays the same at iteration k
+    (``recipe.fixed_point_weight``, a par_ray option): j <= m + c·(k-1) (done before iteration k) or j > m + c·k
+    (still pending after it), for k >= 2.
+
+    Args:
+        change_KBD: ||s_k - s_{k-1}||² / ||s_1||² at the d operation positions, (K, B, D)
+            (``LoopedOutput.state_change_KBT`` at ``Episode.op_positions``).
+        iterations: 1-based iteration of each of the K rows; ops_per_iteration: c; given: m (``Episode.given``).
+    Returns: scalar loss (0 with a graph when no token qualifies).
+    """
+    D = change_KBD.shape[2]
+    j_D = torch.arange(1, D + 1, device=change_KBD.device)
+    k_K = torch.tensor(iterations, device=change_KBD.device)[:, None]
+    hold_KD = ((j_D <= given + ops_per_iteration * (k_K - 1)) | (j_D > given + ops_per_iteration * k_K)) & (k_K >= 2)
+    if not hold_KD.any():
+        return change_KBD.sum() * 0.0
+    return change_KBD.permute(0, 2, 1)[hold_KD].mean()
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -191,3 +191,68 @@ def test_pending_class_supervises_every_position_past_the_frontier():
     assert dense_classes(get_task("swap_s5"), recipe) == 121
     with pytest.raises(ValueError, match="recipe.dense_pending"):
         TrialConfig(recipe=RecipeConfig(dense_pending=True)).validate()
+
+
+def test_given_prefix_draws_m_per_batch_and_computes_d_more_operations():
+    from par_ray.tasks.common import GivenPrefix
+
+    base = get_task("swap_s5")
+    task = build_task(TaskConfig(name="swap_s5", given_prefix=4), train=True)
+    assert isinstance(task, GivenPrefix) and not isinstance(build_task(TaskConfig(given_prefix=4)), GivenPrefix)
+    seen = set()
+    for step in range(40):
+        ep = task.sample(3, 5, seed=1, step=step)
+        m = ep.given
+        seen.add(m)
+        assert 0 <= m <= 4 and ep.depth == 3 + m
+        ref = base.sample(3 + m, 5, seed=1, step=step)  # the base task's batch at depth d + m, untouched
+        assert torch.equal(ep.input_ids, ref.input_ids) and torch.equal(ep.states, ref.states)
+        again = task.sample(3, 5, seed=1, step=step)
+        assert again.given == m and torch.equal(again.input_ids, ep.input_ids)  # pure function of (d, seed, step)
+    assert seen == {0, 1, 2, 3, 4}
+    with pytest.raises(ValueError, match="task.given_prefix"):
+        GivenPrefix(get_task("reachability"), 2)
+
+
+def test_given_prefix_moves_every_target_by_m():
+    from par_ray.objectives import supervised, target_indices
+
+    # m = 3 given, d = 8 in the prompt, c = 1: iteration k's query target is z_{min(3 + k, 8)}
+    assert target_indices([1, 2, 5, 6], 8, 1, "progress", given=3) == [3, 4, 7, 7]
+    assert supervised([4, 5], 8, 1, "done", given=3) == [False, True]
+    K, B, D, V, offset = 2, 2, 6, 130, 10
+    logits = torch.randn(K, B, D, V, requires_grad=True)
+    ids = torch.randint(0, 120, (B, D))
+    out = dense_progress_loss(logits, [1, 2], ids, 1, offset, given=3)
+    out.loss.backward()
+    # frontier m + c·k: positions 1..4 after iteration 1, 1..5 after iteration 2; nothing past it
+    assert logits.grad[0, :, 4:].abs().sum() == 0 and logits.grad[0, :, :4].abs().sum() > 0
+    assert logits.grad[1, :, 5:].abs().sum() == 0 and logits.grad[1, :, 4].abs().sum() > 0
+
+
+def test_given_prefix_step_reads_the_given_operations_as_state_tokens(monkeypatch):
+    torch.set_num_threads(1)
+    task_cfg = TaskConfig(train_depth=3, given_prefix=2)
+    recipe = RecipeConfig(dense_targets=True, dense_pending=True, grad_window=2)
+    TrialConfig(task=task_cfg, recipe=recipe).validate()
+    task = build_task(task_cfg, train=True)
+    torch.manual_seed(0)
+    model = build_looped(BackboneConfig(), recipe, vocab_size=task.vocab_size + dense_classes(task, recipe))
+    engine = prepare(model, TrainConfig(batch_size=4, warmup_steps=0), World())
+    seen = []
+    real = model.iterate
+    monkeypatch.setattr(model, "iterate", lambda ids, *a, **k: seen.append(ids.clone()) or real(ids, *a, **k))
+    step = next(s for s in range(50) if task.sample(plan_step(task_cfg, recipe, 0, s).depth, 4, 0, s).given == 2)
+    ep = task.sample(plan_step(task_cfg, recipe, 0, step).depth, 4, 0, step)
+    res = train_step(engine, task, task_cfg, recipe, 0, step, 4)
+    ids = seen[0]
+    assert torch.equal(ids[:, 1:3], task.vocab_size + ep.progress_ids[:, :2])  # z_1, z_2 as state tokens
+    assert torch.equal(ids[:, 3:], ep.input_ids[:, 3:])  # the rest of the prompt as drawn
+    assert res.plan.R == plan_step(task_cfg, recipe, 0, step).R and math.isfinite(res.loss)
+
+
+def test_given_prefix_needs_dense_targets():
+    with pytest.raises(ValueError, match="task.given_prefix"):
+        TrialConfig(task=TaskConfig(given_prefix=3)).validate()
+    with pytest.raises(ValueError, match="task.given_prefix"):
+        TrialConfig(task=TaskConfig(given_prefix=-1), recipe=RecipeConfig(dense_targets=True)).validate()

@@ -66,6 +66,9 @@ class LoopedOutput:
     """1-based iteration index k of each row of ``logits_KBQV``."""
     state_rms_R: torch.Tensor
     """Mean (over batch and tokens) RMS of the state after each iteration 1..R, (R,), detached: shows drift."""
+    state_change_KBT: torch.Tensor | None = None
+    """With ``state_change=True``: ||s_k - s_{k-1}||² / ||s_1||² per token for each read-out iteration k, (K, B, T),
+    with autograd where s_k has it (0 for k = 1, whose s_0 = e is not a state)."""
 
 
 class LoopedLM(nn.Module):
@@ -215,6 +218,7 @@ class LoopedLM(nn.Module):
         grad_window: int | None = None,
         stretch: float = 1.0,
         read: str = "window",
+        state_change: bool = False,
     ) -> LoopedOutput:
         """Run the prelude once and the core R times; read out selected iterations.
 
@@ -227,6 +231,8 @@ class LoopedLM(nn.Module):
             stretch: positional stretch factor s: position ids × s in prelude, core and coda alike (§3.4).
             read: which iterations to read out: ``window`` (those in the gradient window), ``last`` (iteration R
                 only), ``all`` (1..R).
+            state_change: also return each read iteration's per-token relative state change (the fixed-point loss
+                of ``recipe.fixed_point_weight``).
         Returns: :class:`LoopedOutput` with logits (K, B, Q, V).
         Raises: ValueError for R < 1, grad_window < 1 or an unknown ``read``.
         """
@@ -246,10 +252,11 @@ class LoopedLM(nn.Module):
         e_BTH = self._stack(self.prelude, x_BTH, pos, local)
         s_BTH = e_BTH
         ref_rms_BT1 = None
-        logits, rms = [], []
+        logits, rms, change = [], [], []
         for k in range(1, R + 1):
             grad_ctx = contextlib.nullcontext() if k >= first_grad else torch.no_grad()
             with grad_ctx:
+                prev_BTH = s_BTH
                 u_BTH = self.adapter(torch.cat([e_BTH, s_BTH], dim=-1))
                 if self.state_conv is not None:
                     u_BTH = u_BTH + self._conv(s_BTH)
@@ -261,11 +268,16 @@ class LoopedLM(nn.Module):
                 rms.append(token_rms(s_BTH).mean().detach())
                 if k in to_read:
                     logits.append(self.readout(s_BTH, read_positions_Q, pos, mask))
-        return LoopedOutput(torch.stack(logits), list(to_read), torch.stack(rms))
+                    if state_change:
+                        diff_BT = (s_BTH.float() - prev_BTH.float()).pow(2).mean(-1) / ref_rms_BT1[..., 0].pow(2)
+                        change.append(diff_BT if k > 1 else torch.zeros_like(diff_BT))
+        return LoopedOutput(torch.stack(logits), list(to_read), torch.stack(rms),
+                            torch.stack(change) if state_change else None)
 
-    def forward(self, input_ids_BT, read_positions_Q, R, grad_window=None, stretch=1.0, read="window"):
+    def forward(self, input_ids_BT, read_positions_Q, R, grad_window=None, stretch=1.0, read="window",
+                state_change=False):
         """Alias of :meth:`iterate` so wrappers (DDP, FSDP, DeepSpeed) that call ``forward`` see the same thing."""
-        return self.iterate(input_ids_BT, read_positions_Q, R, grad_window, stretch, read)
+        return self.iterate(input_ids_BT, read_positions_Q, R, grad_window, stretch, read, state_change)
 
 
 def build_looped(backbone_cfg, recipe_cfg, vocab_size: int | None = None, dtype: torch.dtype = torch.float32,

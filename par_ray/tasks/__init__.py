@@ -9,7 +9,7 @@ Follows the PAR paper's task suite: S5 / A5 word problems and swap-S5 (``permuta
 from __future__ import annotations
 
 from par_ray.tasks import graphs, looped_benchmarks, object_tracking, permutations, rule_tables
-from par_ray.tasks.common import DepthPreset, Episode, Filler, RecentFirst, Task
+from par_ray.tasks.common import DepthPreset, Episode, Filler, GivenPrefix, RecentFirst, Task
 from par_ray.tasks.graphs import REACHABILITY
 from par_ray.tasks.looped_benchmarks import ADDITION, PARITY
 from par_ray.tasks.object_tracking import OBJECT_TRACKING
@@ -42,7 +42,8 @@ OP_ORDERS = ("forward", "recent_first")
 
 def build_task(task_cfg, train: bool = False) -> Task:
     """The task a ``TaskConfig`` describes: ``get_task(name)``, serialised per ``op_order``; with ``train=True`` and
-    ``train_filler > 0``, wrapped in :class:`Filler` (training prompts only). Raises ``ValueError`` for an unknown
+    ``train_filler > 0``, wrapped in :class:`Filler`, and with ``given_prefix > 0`` in :class:`GivenPrefix` (training
+    prompts only). Raises ``ValueError`` for an unknown
     name or op_order, or for ``recent_first`` / ``train_filler`` on a task without a serial layout
     (``Task.op_width is None``: reachability)."""
     task = get_task(task_cfg.name)
@@ -52,8 +53,10 @@ def build_task(task_cfg, train: bool = False) -> Task:
         raise ValueError(f"task.op_order: {task_cfg.op_order!r} is not one of {list(OP_ORDERS)}")
     if train and task_cfg.train_filler:
         task = Filler(task, task_cfg.train_filler)
+    if train and task_cfg.given_prefix:
+        task = GivenPrefix(task, task_cfg.given_prefix)
     return task
 
 
-__all__ = ["TASKS", "PAPER_DEPTHS", "OP_ORDERS", "DepthPreset", "Episode", "Filler", "RecentFirst", "Task",
+__all__ = ["TASKS", "PAPER_DEPTHS", "OP_ORDERS", "DepthPreset", "Episode", "Filler", "GivenPrefix", "RecentFirst", "Task",
            "build_task", "get_task"]

@@ -9,6 +9,8 @@ Tensor suffixes: B batch (rows), T sequence length, Q queries per sequence, d de
 
 from __future__ import annotations
 
+import dataclasses
+
 import zlib
 from dataclasses import dataclass
 
@@ -42,6 +44,9 @@ class Episode:
     """(B, d) int64 the *whole* task state after each prefix of operations as one class in 0..``Task.num_states``-1
     (for permutation tasks: the index of the permutation), ``None`` where the task defines no such state. The
     dense progress target of operation position k (``par_ray.objectives.dense_progress_loss``)."""
+    given: int = 0
+    """m: the first m operations are given solved (:class:`GivenPrefix`, training only): the model must compute
+    operations m+1..d, and iteration k's progress target is z_min(m + c·k, d)."""
 
 
 def stable_hash(text: str) -> int:
@@ -216,3 +221,37 @@ class Filler(Task):
         ids = torch.cat([ep.input_ids[:, : sep_at + 1], sep.expand(-1, f), ep.input_ids[:, sep_at + 1 :]], dim=1)
         return Episode(input_ids=ids, read_positions=ep.read_positions + f, states=ep.states, depth=ep.depth,
                        op_positions=ep.op_positions, progress_ids=ep.progress_ids)
+
+
+class GivenPrefix(Task):
+    """The same task with its first m operations given solved: m ~ U{0..max_given} per batch, the batch drawn at
+    depth d + m, and the tokens of operations 1..m replaced (by the training step, which knows the model's
+    vocabulary) with the state tokens of z_1..z_m, the dense state classes read as inputs.
+
+    ``[BOS, z_1, …, z_m, op_{m+1}, …, op_{m+d}, SEP, queries]``: the model computes d operations, as without the
+    option, but the frontier starts at position m + 1, so the operations it computes in training lie anywhere in
+    1..d + max_given. Without it, the operation at position j is always computed at iteration j (with c = 1), and a
+    model cannot tell "position j" from "iteration j" (docs/experiments.md, experiments 8–9). A training-only option
+    of this framework (``TaskConfig.given_prefix``), not the paper's. Needs a serial layout with one token per
+    operation and a whole-task state (``Task.num_states``); raises ``ValueError`` otherwise or for max_given < 0.
+    """
+
+    def __init__(self, base: Task, max_given: int):
+        if max_given < 0:
+            raise ValueError(f"task.given_prefix: must be >= 0, got {max_given}")
+        if _serial_width(base, "task.given_prefix") != 1 or not base.num_states:
+            raise ValueError(f"task.given_prefix: task {base.name!r} needs one token per operation and a whole-task "
+                             f"state (op_width=1, num_states>0)")
+        self.base, self.max_given = base, int(max_given)
+        for attr in _COPIED:
+            setattr(self, attr, getattr(base, attr))
+
+    def full_state_chance_at(self, depth: int) -> float:
+        return self.base.full_state_chance_at(depth)
+
+    def sample(self, depth: int, n: int, seed: int, step: int = 0) -> Episode:
+        """The base task's batch at depth d + m with ``given=m`` (m drawn from its own stream, a pure function of
+        (name, depth, seed, step)); token ids are the base task's (the step swaps in the state tokens)."""
+        m = int(make_rng(self.name + "/given", depth, seed, step).integers(0, self.max_given + 1))
+        ep = self.base.sample(depth + m, n, seed, step)
+        return dataclasses.replace(ep, given=m)

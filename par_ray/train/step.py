@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from par_ray.halting import HaltTokens, with_halt_query, yes_no_logits
-from par_ray.objectives import dense_progress_loss, halting_loss, par_loss
+from par_ray.objectives import dense_progress_loss, fixed_point_loss, halting_loss, par_loss
 from par_ray.schedules import StepPlan, plan_step
 
 
@@ -70,28 +70,38 @@ def train_step(engine, task, task_cfg, recipe_cfg, seed: int, step: int, global_
     if halting:
         ep = with_halt_query(ep, halt.query)
     device = engine.device
+    offset = task.vocab_size if dense_offset is None else dense_offset  # dense state class 0
     ids_BT = ep.input_ids[rank::world_size].to(device)
+    if ep.given:  # task.given_prefix: operations 1..m are read in as the state tokens of z_1..z_m
+        ids_BT = ids_BT.clone()
+        ids_BT[:, ep.op_positions[:ep.given]] = offset + ep.progress_ids[rank::world_size, :ep.given].to(device)
     states_BDQ = ep.states[rank::world_size].to(device)
     reads_Q = ep.read_positions.to(device)
     n_read = reads_Q.shape[0]
     if recipe_cfg.dense_targets:  # one readout over the operation positions and the queries
         reads_Q = torch.cat([reads_Q, ep.op_positions.to(device)])
     with engine.autocast():
-        out = engine.model(ids_BT, reads_Q, plan.R, recipe_cfg.grad_window, plan.stretch, "window")
+        fixed_point = recipe_cfg.dense_targets and recipe_cfg.fixed_point_weight > 0
+        out = engine.model(ids_BT, reads_Q, plan.R, recipe_cfg.grad_window, plan.stretch, "window", fixed_point)
         read_logits = out.logits_KBQV[:, :, :n_read]  # the answers (+ the halting query, last)
         answer_logits = read_logits[:, :, :-1] if halting else read_logits
-        lo = par_loss(answer_logits, out.iterations, states_BDQ, recipe_cfg.ops_per_iteration, recipe_cfg.targets)
+        lo = par_loss(answer_logits, out.iterations, states_BDQ, recipe_cfg.ops_per_iteration, recipe_cfg.targets,
+                      ep.given)
         loss, ho = lo.loss, None
         if halting:
             ho = halting_loss(yes_no_logits(read_logits[:, :, -1], halt), out.iterations, plan.depth,
                               recipe_cfg.ops_per_iteration)
             loss = loss + recipe_cfg.halt_weight * ho.loss
         if recipe_cfg.dense_targets:
-            offset = task.vocab_size if dense_offset is None else dense_offset
             dense = dense_progress_loss(out.logits_KBQV[:, :, n_read:], out.iterations,
                                         ep.progress_ids[rank::world_size].to(device), recipe_cfg.ops_per_iteration,
-                                        offset, offset + task.num_states if recipe_cfg.dense_pending else None)
+                                        offset, offset + task.num_states if recipe_cfg.dense_pending else None,
+                                        ep.given)
             loss = loss + dense.loss
+            if fixed_point:
+                change_KBD = out.state_change_KBT[:, :, ep.op_positions.to(device)]
+                loss = loss + recipe_cfg.fixed_point_weight * fixed_point_loss(
+                    change_KBD, out.iterations, recipe_cfg.ops_per_iteration, ep.given)
     engine.backward(loss)
     for p in frozen:  # AdamW skips parameters without a gradient: no update, no momentum, no weight decay
         p.grad = None
