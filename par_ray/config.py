@@ -81,6 +81,10 @@ class BackboneConfig:
     coda keeps full attention), so each iteration moves information a bounded number of positions and only a
     length-independent local rule can be learned; random-init shapes (a par_ray option; docs/experiments.md,
     experiment 8)."""
+    coda_window: int = 0
+    """The same for the coda (0 = full causal attention): the read-out sees the last w tokens only, so the answer is
+    read at a fixed offset from the last operation whatever the prompt length; the queries can then not reach a
+    distant frontier, so pair it with ``recipe.targets=done`` (a par_ray option; docs/experiments.md, experiment 9)."""
     attn_implementation: str = "sdpa"
     """transformers attention: ``sdpa`` (fused, faster) or ``eager`` (explicit softmax; equal to float32 round-off)."""
 
@@ -421,6 +425,7 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     seed("eval.seed")
     one_of("backbone.attn_implementation", ATTN_IMPLEMENTATIONS)
     at_least("backbone.attention_window", 0, " (0 = full causal attention)")
+    at_least("backbone.coda_window", 0, " (0 = full causal attention)")
     at_least("backbone.adapter_alpha", 0, " (0 = the paper's [0 | I])")
     at_least("recipe.extra_iterations", 0)
     at_least("recipe.fixed_point_weight", 0, " (0 = off)")

@@ -256,3 +256,53 @@ def test_given_prefix_needs_dense_targets():
         TrialConfig(task=TaskConfig(given_prefix=3)).validate()
     with pytest.raises(ValueError, match="task.given_prefix"):
         TrialConfig(task=TaskConfig(given_prefix=-1), recipe=RecipeConfig(dense_targets=True)).validate()
+
+
+def test_fixed_point_loss_covers_exactly_the_tokens_that_hold_or_wait():
+    from par_ray.objectives import fixed_point_loss
+
+    K, B, D = 3, 2, 6
+    change = torch.rand(K, B, D, requires_grad=True)
+    # m = 1 given, c = 1: iteration k moves the frontier from 1 + (k-1) to 1 + k; k = 1 has no previous state
+    loss = fixed_point_loss(change, [1, 2, 3], 1, given=1)
+    loss.backward()
+    g = change.grad
+    assert g[0].abs().sum() == 0  # k = 1: nothing
+    assert g[1, :, 2].abs().sum() == 0 and g[2, :, 3].abs().sum() == 0  # the frontier tokens (j = m + k) change
+    assert (g[1, :, [0, 1, 3, 4, 5]] > 0).all() and (g[2, :, [0, 1, 2, 4, 5]] > 0).all()
+    held = torch.cat([change[1, :, [0, 1, 3, 4, 5]].flatten(), change[2, :, [0, 1, 2, 4, 5]].flatten()])
+    assert torch.allclose(loss, held.mean())
+
+
+def test_state_change_is_the_relative_change_of_each_token_between_iterations():
+    torch.manual_seed(0)
+    task = get_task("swap_s5")
+    model = build_looped(BackboneConfig(adapter_alpha=0.1), RecipeConfig(), vocab_size=task.vocab_size)
+    ep = task.sample(3, 2, seed=0)
+    out = model.iterate(ep.input_ids, ep.read_positions, 3, read="all", state_change=True)
+    assert out.state_change_KBT.shape == (3, 2, ep.input_ids.shape[1])
+    assert (out.state_change_KBT[0] == 0).all() and (out.state_change_KBT[1:] > 0).all()
+    assert model.iterate(ep.input_ids, ep.read_positions, 3).state_change_KBT is None
+    with pytest.raises(ValueError, match="recipe.fixed_point_weight"):
+        TrialConfig(recipe=RecipeConfig(fixed_point_weight=1.0)).validate()
+
+
+def test_coda_window_limits_what_the_read_out_sees():
+    torch.manual_seed(0)
+    task = get_task("swap_s5")
+    model = build_looped(BackboneConfig(coda_window=3), RecipeConfig(), vocab_size=task.vocab_size)
+    ids = task.sample(6, 2, seed=0).input_ids
+    T = ids.shape[1]
+    read = torch.tensor([T - 1])  # the last query
+    x = model.embed_tokens(ids)
+    pos, mask = model._positions(x, 1.0)
+    coda_mask = model._local(mask, x, model.coda_window)
+    state = torch.randn(2, T, model.config.hidden_size)
+    moved = state.clone()
+    moved[:, : T - 1 - 2 * (3 - 1)] += 1.0  # every token the last query cannot reach through 2 coda layers of w = 3
+    assert torch.allclose(model.readout(state, read, pos, coda_mask), model.readout(moved, read, pos, coda_mask),
+                          atol=1e-5)
+    assert not torch.allclose(model.readout(state, read, pos, mask), model.readout(moved, read, pos, mask), atol=1e-5)
+    moved[:, T - 1 - 2 * (3 - 1)] += 1.0  # the furthest token it reaches
+    assert not torch.allclose(model.readout(state, read, pos, coda_mask), model.readout(moved, read, pos, coda_mask),
+                              atol=1e-5)

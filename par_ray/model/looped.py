@@ -92,6 +92,10 @@ class LoopedLM(nn.Module):
             positions and tokens far from the start cannot see it: a length-independent local rule is what is left
             to learn. The coda keeps full causal attention (it only reads out). A par_ray option for random-init
             parents (docs/experiments.md, experiment 8).
+        coda_window: the same for the coda (0 = full causal attention, the parent's). A read-out that only sees the
+            last w tokens reads the answer at a fixed offset from the last operation, whatever the prompt length;
+            the queries can then no longer reach a frontier far from them, so use it with ``recipe.targets=done``
+            (docs/experiments.md, experiment 9).
     Raises:
         ValueError: a split that does not match the parent's layer count, an unknown position scheme.
     """
@@ -106,6 +110,7 @@ class LoopedLM(nn.Module):
         position_scheme: str = "rope",
         adapter_alpha: float = 0.0,
         attention_window: int = 0,
+        coda_window: int = 0,
     ):
         super().__init__()
         if position_scheme not in POSITION_SCHEMES:
@@ -120,6 +125,9 @@ class LoopedLM(nn.Module):
         if attention_window < 0:
             raise ValueError(f"backbone.attention_window: must be >= 0 (0 = full causal), got {attention_window}")
         self.attention_window = attention_window
+        if coda_window < 0:
+            raise ValueError(f"backbone.coda_window: must be >= 0 (0 = full causal), got {coda_window}")
+        self.coda_window = coda_window
         hidden = parent.config.hidden_size
 
         self.embed_tokens = base.embed_tokens
@@ -165,14 +173,15 @@ class LoopedLM(nn.Module):
             pos = self.rotary_emb(x_BTH, position_ids)
         return pos, causal_mask(self.config, x_BTH)
 
-    def _local(self, mask, x_BTH: torch.Tensor):
-        """The causal ``mask`` narrowed to the last ``attention_window`` tokens (prelude and core only; the coda, a
-        read-out, keeps the parent's mask so the queries can reach the last operation at any distance)."""
-        if not self.attention_window:
+    def _local(self, mask, x_BTH: torch.Tensor, window: int | None = None):
+        """The causal ``mask`` narrowed to the last ``window`` tokens (default ``attention_window``, the prelude's and
+        core's; the coda's is ``coda_window``); 0 leaves the parent's mask."""
+        window = self.attention_window if window is None else window
+        if not window:
             return mask
         T = x_BTH.shape[1]
         i_T = torch.arange(T, device=x_BTH.device)
-        far_TT = (i_T[:, None] - i_T[None, :]) >= self.attention_window
+        far_TT = (i_T[:, None] - i_T[None, :]) >= window
         if mask is None:  # an implementation that relies on is_causal: spell the banded causal mask out (True = see)
             return ((i_T[:, None] >= i_T[None, :]) & ~far_TT)[None, None].expand(x_BTH.shape[0], 1, T, T)
         if mask.dtype == torch.bool:
@@ -249,6 +258,7 @@ class LoopedLM(nn.Module):
         x_BTH = self.embed_tokens(input_ids_BT)
         pos, mask = self._positions(x_BTH, stretch)
         local = self._local(mask, x_BTH)
+        mask = self._local(mask, x_BTH, self.coda_window)  # the coda's (read-out) mask
         e_BTH = self._stack(self.prelude, x_BTH, pos, local)
         s_BTH = e_BTH
         ref_rms_BT1 = None
@@ -294,4 +304,5 @@ def build_looped(backbone_cfg, recipe_cfg, vocab_size: int | None = None, dtype:
                             attn_implementation=backbone_cfg.attn_implementation, **overrides)
     return LoopedLM(parent, split=backbone_cfg.split, anchoring=recipe_cfg.anchoring, tied=recipe_cfg.tied,
                     untied_copies=recipe_cfg.max_iterations, position_scheme=backbone_cfg.position_scheme,
-                    adapter_alpha=backbone_cfg.adapter_alpha, attention_window=backbone_cfg.attention_window)
+                    adapter_alpha=backbone_cfg.adapter_alpha, attention_window=backbone_cfg.attention_window,
+                    coda_window=backbone_cfg.coda_window)
