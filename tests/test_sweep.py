@@ -384,7 +384,7 @@ def test_main_results_grid_with_the_recipes_that_exist(preset):
     seeds = (0, 1) if preset == "local" else (0, 1, 2)
     got = sorted((c.recipe.name, c.task.name, c.train.seed) for _, c in plan.trials)
     want = sorted([(r, "swap_s5", s) for r in spec.recipes for s in seeds]
-                  + [(("par"), t, s) for t in module.OTHER_TASKS for s in seeds])
+                  + [("par", t, s) for t in module.OTHER_TASKS for s in seeds])
     assert got == want  # every recipe on swap_s5, par alone on the others, nothing else
     assert {c.backbone.name for _, c in plan.trials} == {"tiny-qwen2" if preset == "local" else "qwen2.5-0.5b"}
     if preset == "local":  # the shorter local budget, on every trial
@@ -393,6 +393,8 @@ def test_main_results_grid_with_the_recipes_that_exist(preset):
     else:
         assert {c.train.steps for _, c in plan.trials} == {5000}
         assert {c.task.train_depth for _, c in plan.trials if c.task.name == "reachability"} == {16}
+    smoke = sweep.build_plan(spec, Options(preset=preset, smoke_test=True), preset)
+    assert len(smoke.trials) == len(plan.trials) and all(c.train.steps <= 4 for _, c in smoke.trials)
 
 
 def test_cells_reach_tune_as_one_grid_dimension_and_resolve_reads_them():
