@@ -1,8 +1,8 @@
 """The sweep spec and its trial plan: what a sweep runs, resolved and validated before Ray starts.
 
 A sweep is declared as a :class:`SweepSpec` (recipes × tasks × backbones × seeds, or explicit cells × backbones ×
-seeds; fixed overrides, optionally an Optuna + ASHA :class:`Search`). :func:`build_plan` resolves every trial's :class:`~par_ray.config.TrialConfig`
-(preset → overrides → recipe → recipe overrides, see :func:`resolve`) and validates all of them, before Ray is started
+seeds; fixed overrides, optionally an Optuna + ASHA :class:`Search`). :func:`build_plan` resolves every trial's
+:class:`~par_ray.config.TrialConfig` (preset → overrides → recipe → recipe overrides, see :func:`resolve`) and validates all of them, before Ray is started
 or any cluster resource is claimed: bad input raises one :class:`SweepConfigError` naming the field or flag.
 """
 
@@ -36,6 +36,8 @@ GRID_DIMS = ("recipe", "task.name", "backbone.name", "train.seed")
 
 Recipe = typing.Callable[[TrialConfig], TrialConfig]
 """A recipe: a function that changes fields of a base config (``par_ray.recipes``)."""
+Cell = typing.Mapping[str, typing.Any]
+"""One explicit grid point of ``SweepSpec.cells``: flat config keys (and ``recipe``) → values."""
 
 
 class SweepConfigError(ValueError):
@@ -82,13 +84,14 @@ class SweepSpec:
     """Flat config overrides applied to every trial (``recipe.*`` keys apply after the recipe)."""
     preset_overrides: typing.Mapping[str, typing.Mapping[str, typing.Any]] = field(default_factory=dict)
     """Preset → flat overrides applied after ``overrides`` under that preset only (e.g. a shorter local budget)."""
-    cells: tuple[typing.Mapping[str, typing.Any], ...] | typing.Mapping[str, tuple[typing.Mapping[str, typing.Any], ...]] = ()
-    """Explicit grid points (one tuple for every preset, or preset → tuple) instead of the full product: each cell maps flat keys (``recipe``, ``task.name``, any
-    config key such as ``eval.halt_k``) to values, every cell naming the same keys. The grid is then cells × the
-    dimensions the cells do not name (of ``recipe``, ``task.name``, ``backbone.name``, ``train.seed``), so
-    ``({"recipe": r, "task.name": "swap_s5"} for r in recipes) + ({"recipe": "par", "task.name": t} for t in tasks)``
-    runs every recipe on one task and only ``par`` on the others. Empty: ``recipes`` × ``tasks``. Grid only (not with
-    ``search``); ``recipes`` and ``tasks`` must list every recipe and task the cells name."""
+    cells: tuple[Cell, ...] | typing.Mapping[str, tuple[Cell, ...]] = ()
+    """Explicit grid points (one tuple for every preset, or preset → tuple) instead of the full product: each cell
+    maps flat keys (``recipe``, ``task.name``, any config key such as ``eval.halt_k``) to values, every cell naming
+    the same keys. The grid is then cells × the dimensions the cells do not name (of ``recipe``, ``task.name``,
+    ``backbone.name``, ``train.seed``), so ``[{"recipe": r, "task.name": "swap_s5"} for r in recipes] +
+    [{"recipe": "par", "task.name": t} for t in tasks]`` runs every recipe on one task and only ``par`` on the
+    others. Empty: ``recipes`` × ``tasks``. Grid only (not with ``search``); ``recipes`` and ``tasks`` must list
+    every recipe and task the cells name. Tune gets them as one grid dimension, the param ``cell``."""
     search: Search | None = None
     """``None``: the full grid. Otherwise Optuna + ASHA; grid dimensions with several values become choices."""
     tune_max_failures: int = TUNE_MAX_FAILURES
@@ -220,14 +223,14 @@ def default_seeds(spec: SweepSpec, preset: str) -> tuple[int, ...]:
     return tuple(spec.seeds)
 
 
-def cells_of(spec: SweepSpec, preset: str) -> tuple[typing.Mapping[str, typing.Any], ...]:
+def cells_of(spec: SweepSpec, preset: str) -> tuple[Cell, ...]:
     """``spec.cells`` under ``preset`` (a tuple for every preset, or preset → tuple; ``()`` for a preset it omits)."""
     if isinstance(spec.cells, typing.Mapping):
         return tuple(spec.cells.get(preset, ()))
     return tuple(spec.cells)
 
 
-def cell_errors(spec: SweepSpec, cells: tuple[typing.Mapping[str, typing.Any], ...]) -> list[str]:
+def cell_errors(spec: SweepSpec, cells: tuple[Cell, ...]) -> list[str]:
     """Problems of ``cells`` (the spec's under one preset) as ``"cells...: message"`` strings (empty when valid or
     when there are none)."""
     if not cells:
