@@ -159,10 +159,13 @@ def accuracy_stats(acc: pl.DataFrame, *, n_boot: int = 1000, ci: float = 0.95, s
 
     Returns columns: GROUP, ``depth``, ``train_depth``, ``multiple`` (depth / d_train), ``chance``, ``n`` (seeds),
     ``mean``, ``std`` (ddof = 1), ``ci_lo``, ``ci_hi`` (bootstrap, see :func:`bootstrap_ci`), ``min``, ``max``,
-    ``query_mean``, ``query_std`` (per-query accuracy). Accuracies are fractions in [0, 1].
+    ``query_mean``, ``query_std`` (per-query accuracy), ``cot_tokens_mean``, ``cot_tokens_std`` (the ``cot``
+    baseline's mean generated tokens per sequence; null where not logged). Accuracies are fractions in [0, 1].
     """
     keys = [*GROUP, "depth"]
     fin = with_config(acc).filter(FINISHED & pl.col("acc").is_not_null())
+    if "cot_tokens" not in fin.columns:  # frames built by hand with only the accuracy kinds
+        fin = fin.with_columns(pl.lit(None, pl.Float64).alias("cot_tokens"))
     stats = fin.group_by(keys).agg(
         pl.col("train_depth").first(),
         pl.col("chance").first(),
@@ -173,13 +176,15 @@ def accuracy_stats(acc: pl.DataFrame, *, n_boot: int = 1000, ci: float = 0.95, s
         pl.col("acc").max().alias("max"),
         pl.col("acc_query").mean().alias("query_mean"),
         pl.col("acc_query").std(ddof=1).alias("query_std"),
+        pl.col("cot_tokens").mean().alias("cot_tokens_mean"),
+        pl.col("cot_tokens").std(ddof=1).alias("cot_tokens_std"),
     )
     return (
         stats.join(bootstrap_ci(fin, keys, "acc", n_boot=n_boot, ci=ci, seed=seed), on=keys, how="left",
                    nulls_equal=True)
         .with_columns((pl.col("depth") / pl.col("train_depth")).alias("multiple"))
         .select(*keys, "train_depth", "multiple", "chance", "n", "mean", "std", "ci_lo", "ci_hi", "min", "max",
-                "query_mean", "query_std")
+                "query_mean", "query_std", "cot_tokens_mean", "cot_tokens_std")
         .sort(keys, nulls_last=True)
     )
 
@@ -252,15 +257,20 @@ def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
 
 
 def halting_gap(acc: pl.DataFrame) -> pl.DataFrame:
-    """Halting-rule accuracy vs oracle stopping per configuration and depth, FINISHED trials with both.
+    """Halting-rule accuracy vs oracle stopping (R* = ⌈d/c⌉) per configuration and depth, FINISHED trials with both.
 
-    gap = oracle_acc − halt_acc per seed (≥ 0 when the oracle is the best iteration), then mean/std over seeds.
-    Returns columns: GROUP, depth, train_depth, n, halt_mean, halt_std, oracle_mean, oracle_std, gap_mean, gap_std,
-    halt_iter_mean (mean iterations run under the halting rule; null when not logged). Empty when no trial logged
+    gap = oracle_acc − halt_acc per seed (in accuracy fractions; negative when the rule's iteration beats R*), then
+    mean/std over seeds. Returns columns: GROUP, depth, train_depth, n, halt_mean, halt_std, oracle_mean, oracle_std,
+    gap_mean, gap_std, halt_iter_mean (mean iterations run under the halting rule), never_halted_mean,
+    never_halted_std (fraction of sequences answered at R_max because the rule never fired), dR_mean, dR_std (the
+    per-seed mean over sequences of R − R*, then mean and std over seeds), dR_spread_mean (the per-seed std over
+    sequences of R − R*, averaged over seeds); each null when not logged. Empty when no trial logged
     ``halt_acc_d{D}`` and ``oracle_acc_d{D}``.
     """
     keys = [*GROUP, "depth"]
     fin = with_config(acc).filter(FINISHED & pl.col("halt_acc").is_not_null() & pl.col("oracle_acc").is_not_null())
+    fin = fin.with_columns([pl.lit(None, pl.Float64).alias(k) for k in ("never_halted", "halt_dR_mean", "halt_dR_std")
+                            if k not in fin.columns])  # frames built by hand without these kinds
     gap = pl.col("oracle_acc") - pl.col("halt_acc")
     return (
         fin.group_by(keys)
@@ -274,6 +284,11 @@ def halting_gap(acc: pl.DataFrame) -> pl.DataFrame:
             gap.mean().alias("gap_mean"),
             gap.std(ddof=1).alias("gap_std"),
             pl.col("halt_iter").mean().alias("halt_iter_mean"),
+            pl.col("never_halted").mean().alias("never_halted_mean"),
+            pl.col("never_halted").std(ddof=1).alias("never_halted_std"),
+            pl.col("halt_dR_mean").mean().alias("dR_mean"),
+            pl.col("halt_dR_mean").std(ddof=1).alias("dR_std"),
+            pl.col("halt_dR_std").mean().alias("dR_spread_mean"),
         )
         .sort(keys, nulls_last=True)
     )

@@ -3,7 +3,9 @@
 A sweep is one MLflow parent run (tag ``par_ray.role = "sweep"``); each trial is a child run (tags
 ``mlflow.parentRunId``, ``par_ray.role = "trial"``, ``par_ray.{trial_id,recipe,backbone,task,seed,git_commit}``,
 params = the flat trial config, final metrics ``acc_d{D}``, ``acc_query_d{D}``, ``chance``, optional
-``halt_acc_d{D}``, ``oracle_acc_d{D}``, ``halt_iter_d{D}``, ``rms_k{K}``, ``halt_prob_k{K}``). Trials are grouped by
+``halt_acc_d{D}``, ``oracle_acc_d{D}``, ``halt_iter_d{D}``, ``never_halted_d{D}``, ``halt_dR_mean_d{D}``,
+``halt_dR_std_d{D}`` (``par_ray.evaluation.halting_metrics``), ``cot_tokens_d{D}`` (the ``cot`` baseline's mean
+generated tokens), ``rms_k{K}``, ``halt_prob_k{K}``). Trials are grouped by
 their tags, never by run names, and by their ``config``: the params that vary between the loaded trials of one
 (task, backbone, recipe), seed excepted (:func:`config_labels`). After an Optuna search, each sampled configuration is
 then its own group with its own seeds; after a grid of recipes × backbones × seeds, ``config`` is empty.
@@ -12,8 +14,9 @@ Three frames come out (:class:`SweepFrames`):
 
 - ``trials``: one row per child run, whatever its status (FINISHED, FAILED, RUNNING, KILLED): failed and running
   trials are kept and marked, aggregates filter on ``status`` later and count what they left out.
-- ``acc``: long, one row per (run, test depth): ``acc`` (full-state), ``acc_query``, and the halting metrics
-  ``halt_acc``, ``oracle_acc``, ``halt_iter`` (null where not logged).
+- ``acc``: long, one row per (run, test depth): ``acc`` (full-state), ``acc_query``, the halting metrics
+  ``halt_acc``, ``oracle_acc``, ``halt_iter``, ``never_halted``, ``halt_dR_mean``, ``halt_dR_std``, and
+  ``cot_tokens`` (null where not logged).
 - ``by_iteration``: long, one row per (run, iteration k): ``rms`` and ``halt_prob`` (null where not logged).
 """
 
@@ -45,9 +48,11 @@ _PARAMS = {  # frame column -> flat config key (par_ray.config.to_flat); only wh
     "anchoring": "recipe.anchoring",
     "targets": "recipe.targets",
 }
-_DEPTH_METRIC = r"^(?<kind>acc|acc_query|halt_acc|oracle_acc|halt_iter)_d(?<depth>\d+)$"
+_DEPTH_METRIC = (r"^(?<kind>acc|acc_query|halt_acc|oracle_acc|halt_iter|never_halted|halt_dR_mean|halt_dR_std"
+                 r"|cot_tokens)_d(?<depth>\d+)$")
 _ITER_METRIC = r"^(?<kind>rms|halt_prob)_k(?<k>\d+)$"
-DEPTH_KINDS = ("acc", "acc_query", "halt_acc", "oracle_acc", "halt_iter")
+DEPTH_KINDS = ("acc", "acc_query", "halt_acc", "oracle_acc", "halt_iter", "never_halted", "halt_dR_mean",
+               "halt_dR_std", "cot_tokens")
 ITER_KINDS = ("rms", "halt_prob")
 
 TRIAL_SCHEMA = {

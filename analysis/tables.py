@@ -2,11 +2,14 @@
 
 Layouts (PAR paper, §5):
 
-- ``main_results``: rows recipe × backbone, one column per test depth labelled with its multiple of the train length
-  ("32 (4×)"), then G.
+- ``main_results``: rows recipe (the method or a baseline) × backbone, one column per test depth labelled with its
+  multiple of the train length ("32 (4×)"; "4×" when the rows' train depths differ, e.g. tasks at their paper
+  depths), then G, then — when the ``cot`` baseline logged ``cot_tokens_d{D}`` — its CoT cost: mean generated
+  tokens per sequence at each test depth.
 - ``scale``: each backbone × recipe at 16× the train length (or, where 16× was not tested, the largest tested
   multiple), then G.
-- ``halting``: halting-rule accuracy, oracle-stopping accuracy, their gap and the iterations run, per test depth.
+- ``halting``: halting-rule accuracy, oracle-stopping accuracy (R = ⌈d/c⌉), their gap, the iterations run, the
+  never-halted fraction and R − ⌈d/c⌉ (mean and spread), per test depth.
 - ``ablation``: one row per recipe with its anchoring and targets, accuracy at the largest multiple tested by every
   row, and G.
 
@@ -33,6 +36,8 @@ from analysis.aggregate import GROUP, Summary
 MISSING = "–"
 SCALE_MULTIPLE = 16
 """Multiple of the train length reported by the ``scale`` table when tested."""
+COT_COLUMN = "CoT tokens (by depth)"
+"""Main-table column of the ``cot`` baseline's test-time cost (mean generated tokens per sequence at each depth)."""
 FIRST_RECIPES = ("par",)
 """Recipes listed before the others (the method before its baselines and ablations)."""
 
@@ -168,16 +173,23 @@ def _acc_cell_expr(prefix: str = "", scale: float = 100.0) -> pl.Expr:
 
 
 def main_results(summary: Summary) -> Table:
-    """Rows recipe × backbone (× task when several), columns test depths "d (m×)" then G; cells in %."""
+    """Rows recipe × backbone (× task when several), columns test depths "d (m×)" — or multiples "m×" when the rows'
+    train depths differ — then G, then the CoT cost when logged (:data:`COT_COLUMN`); cells in %."""
     acc = summary.accuracy
     g = summary.G
     d_train = acc.get_column("train_depth").unique().drop_nulls()
-    one_train = d_train.len() == 1
-    depths = acc.select("depth").unique().sort("depth").get_column("depth").to_list()
-    labels = {d: depth_label(d, d_train.item() if one_train else None) for d in depths}
-    cells = acc.select(
+    one_train = d_train.len() <= 1
+    if one_train:
+        depths = acc.select("depth").unique().sort("depth").get_column("depth").to_list()
+        labels = {d: depth_label(d, d_train.item() if d_train.len() else None) for d in depths}
+        column = pl.col("depth")
+    else:  # tasks at their own train depths: line the rows up by multiple of d_train
+        multiples = acc.select("multiple").drop_nulls().unique().sort("multiple").get_column("multiple").to_list()
+        labels = {m: f"{m:g}×" for m in multiples}
+        column = pl.col("multiple")
+    cells = acc.filter(column.is_not_null()).select(
         *GROUP,
-        pl.col("depth").replace_strict(labels, return_dtype=pl.String).alias("label"),
+        column.replace_strict(labels, return_dtype=pl.String).alias("label"),
         _acc_cell_expr().alias("cell"),
     )
     wide = (
@@ -185,20 +197,43 @@ def main_results(summary: Summary) -> Table:
         if not cells.is_empty() else pl.DataFrame(schema={c: pl.String for c in GROUP})
     )
     wide = _g_cells(g).join(wide, on=GROUP, how="left", nulls_equal=True)
+    cot = _cot_cells(acc)
+    if cot is not None:
+        wide = wide.join(cot, on=GROUP, how="left", nulls_equal=True)
     wide = best_first(wide, summary, ["task", "recipe", "backbone"])
     label_cols = _label_columns(wide, ["task", "recipe", "backbone", "config"])
     value_cols = [lbl for lbl in labels.values() if lbl in wide.columns]
-    frame = _show_config(wide).select(*label_cols, *value_cols, "G").with_columns(pl.col(value_cols).fill_null(MISSING))
+    extra = [COT_COLUMN] if cot is not None else []
+    frame = (_show_config(wide).select(*label_cols, *value_cols, "G", *extra)
+             .with_columns(pl.col(value_cols + extra).fill_null(MISSING)))
     notes = ["Full-state accuracy (%) at each test depth; G = d50 / d_train; mean ± std over seeds (ddof = 1), "
              "(n) seeds; ≥: some seed never fell below the midpoint, so G is a lower bound."]
     if "config" in label_cols:
         notes.append("config: the parameters that differ between trials besides the seed; each configuration has "
                      "its own seeds, best first (highest mean G, then accuracy at the longest depth).")
     if not one_train:
-        notes.append(f"Configurations use different train depths {d_train.sort().to_list()}; columns are absolute "
-                     "test depths.")
+        notes.append(f"Configurations use different train depths {d_train.sort().to_list()}; columns are test "
+                     "depths as multiples of each row's own d_train.")
+    if cot is not None:
+        notes.append(f"{COT_COLUMN}: the chain-of-thought baseline's test-time cost, mean generated tokens per "
+                     "sequence at each of its test depths (in column order), mean over seeds; it grows with d, "
+                     "where a looped model runs ⌈d/c⌉ iterations over the prompt.")
     return Table("main_results", f"Extrapolation by test depth{_task_title(wide)}", frame,
                  (*notes, *_exclusion_note(summary)))
+
+
+def _cot_cells(acc: pl.DataFrame) -> pl.DataFrame | None:
+    """GROUP + :data:`COT_COLUMN` ("13 / 25 / 49 / 97": mean generated tokens at each test depth, ascending) for the
+    configurations that logged ``cot_tokens_d{D}``; ``None`` when none did."""
+    if "cot_tokens_mean" not in acc.columns:
+        return None
+    cot = acc.filter(pl.col("cot_tokens_mean").is_not_null())
+    if cot.is_empty():
+        return None
+    return (cot.sort("depth").group_by(GROUP, maintain_order=True).agg(pl.col("cot_tokens_mean"))
+            .select(*GROUP, pl.col("cot_tokens_mean")
+                    .map_elements(lambda xs: " / ".join(f"{x:.0f}" for x in xs), return_dtype=pl.String)
+                    .alias(COT_COLUMN)))
 
 
 def scale_results(summary: Summary, multiple: float = SCALE_MULTIPLE) -> Table:
@@ -232,7 +267,8 @@ def scale_results(summary: Summary, multiple: float = SCALE_MULTIPLE) -> Table:
 
 
 def halting_results(summary: Summary) -> Table | None:
-    """Rows recipe × backbone × test depth: halting-rule and oracle accuracy (%), gap (points), iterations run.
+    """Rows recipe × backbone × test depth: halting-rule and oracle (R = ⌈d/c⌉) accuracy (%), gap (points),
+    iterations run, never-halted fraction (%), R − ⌈d/c⌉ (mean ± std over seeds) and its spread over sequences.
     ``None`` when no trial logged halting metrics."""
     h = summary.halting
     if h.is_empty():
@@ -247,13 +283,20 @@ def halting_results(summary: Summary) -> Table | None:
         _acc_cell_expr("oracle_").alias("oracle (%)"),
         _acc_cell_expr("gap_").alias("oracle − halting (pts)"),
         pl.col("halt_iter_mean").map_elements(lambda v: f"{v:.1f}", return_dtype=pl.String).alias("iterations"),
+        _acc_cell_expr("never_halted_").alias("never halted (%)"),
+        _acc_cell_expr("dR_", scale=1.0).alias("R − ⌈d/c⌉"),
+        pl.col("dR_spread_mean").map_elements(lambda v: f"{v:.1f}", return_dtype=pl.String).alias("spread of R"),
     )
     rows = ordered(rows, ["task", "recipe", "backbone"], then=("config", "depth"))
     label_cols = _label_columns(rows, ["task", "recipe", "backbone", "config"])
     frame = _show_config(rows).select(*label_cols, "test depth", "halting (%)", "oracle (%)",
-                                      "oracle − halting (pts)", "iterations").fill_null(MISSING)
-    note = ("Halting: stop by the halting rule; oracle: best iteration; gap in accuracy points; iterations: mean "
-            "iterations run under the halting rule. Mean ± std (n) over seeds.")
+                                      "oracle − halting (pts)", "iterations", "never halted (%)", "R − ⌈d/c⌉",
+                                      "spread of R").fill_null(MISSING)
+    note = ("Halting: answer at the iteration R chosen by the k-of-n rule; oracle: oracle stopping R = ⌈d/c⌉; gap "
+            "in accuracy points; iterations: mean R under the halting rule; never halted: sequences where the rule "
+            "never fired, answered at R_max (%); R − ⌈d/c⌉: per seed the mean over sequences, then mean ± std over "
+            "seeds; spread of R: the std over sequences of R − ⌈d/c⌉, averaged over seeds. Mean ± std (n) over "
+            "seeds.")
     return Table("halting", f"Halting vs oracle stopping{_task_title(rows)}", frame, (note, *_exclusion_note(summary)))
 
 

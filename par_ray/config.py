@@ -371,6 +371,8 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     at_least("task.train_depth", 1)
     check("task.min_train_depth task.train_depth", lambda: 1 <= t.min_train_depth <= max(t.train_depth, 1),
           lambda: f"must be in [1, task.train_depth={t.train_depth}], got {t.min_train_depth}")
+    if "task.name" not in bad and t.name in TASK_NAMES:
+        errs += _task_shape_errors(cfg, bad)
 
     one_of("backbone.name", BACKBONES)
     one_of("backbone.position_scheme", POSITION_SCHEMES)
@@ -446,6 +448,35 @@ def config_errors(cfg: TrialConfig) -> list[str]:
                       "eval.halt_max_iterations", "eval.depths", "train.steps", "train.strategy", "stages"}
     if not bad & halting_fields:  # its checks compare values, so they need the right types
         errs += halting_and_stage_errors(cfg)
+    return errs
+
+
+def _task_shape_errors(cfg: TrialConfig, bad: set[str]) -> list[str]:
+    """What the task itself cannot serve, found here rather than when a worker first builds the task: a serial-layout
+    option (``task.op_order='recent_first'``, ``task.train_filler``) on a task without a serial layout
+    (``Task.op_width is None``: reachability), and train or test depths past the task's ``max_depth``."""
+    from par_ray.tasks import TASKS  # local: keeps config importable without torch at import time
+
+    t, ev = cfg.task, cfg.eval
+    task = TASKS[t.name]
+    errs: list[str] = []
+    if task.op_width is None:
+        serial = [n for n, k in TASKS.items() if k.op_width is not None]
+        if "task.op_order" not in bad and t.op_order == "recent_first":
+            errs.append(f"task.op_order: 'recent_first' needs a task with a serial [BOS, ops, SEP, queries] layout, "
+                        f"one of {serial}; task {t.name!r} has none: use 'forward'")
+        if "task.train_filler" not in bad and t.train_filler != 0:
+            errs.append(f"task.train_filler: must be 0 for task {t.name!r}, which has no serial [BOS, ops, SEP, "
+                        f"queries] layout (fillers need one of {serial}), got {t.train_filler}")
+    if task.max_depth is not None:
+        if "task.train_depth" not in bad and t.train_depth > task.max_depth:
+            errs.append(f"task.train_depth: must be in [1, {task.max_depth}], the max_depth of task {t.name!r}, got "
+                        f"{t.train_depth}")
+        if "eval.depths" not in bad and all(isinstance(d, int) for d in ev.depths):
+            deep = [d for d in ev.depths if d > task.max_depth]
+            if deep:
+                errs.append(f"eval.depths: {deep} exceed the max_depth={task.max_depth} of task {t.name!r}; test "
+                            f"depths must be in [task.train_depth, {task.max_depth}]")
     return errs
 
 

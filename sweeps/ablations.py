@@ -1,7 +1,9 @@
-"""Ablations: norm anchoring × target type (paper §5): PAR, no anchoring, final-answer targets, and both off.
+"""Ablations (paper §5): norm anchoring × target type, and PAR followed by the positional-stretch stage.
 
 Recipes ``par`` (anchoring on, progress targets), ``no_anchor`` (anchoring off), ``final_answer`` (final-answer
-targets) and ``final_no_anchor`` (anchoring off and final-answer targets), each across the preset's backbones × seeds.
+targets), ``final_no_anchor`` (anchoring off and final-answer targets) and ``stretch`` (PAR, then a stretch
+fine-tuning stage on the last 10 % of the steps: position ids × s, s ~ U[1, s_max], s_max ramped 1 → 8, §3.4), each
+across the preset's backbones × seeds.
 
     python sweeps/ablations.py --smoke-test --backbones tiny-qwen2 --seeds 0
 """
@@ -21,7 +23,7 @@ def final_no_anchor(cfg: TrialConfig) -> TrialConfig:
 SPEC = SweepSpec(
     name="ablations",
     description=__doc__.splitlines()[0],
-    recipes=("par", "no_anchor", "final_answer", "final_no_anchor"),
+    recipes=("par", "no_anchor", "final_answer", "final_no_anchor", "stretch"),
     extra_recipes={"final_no_anchor": final_no_anchor},
     tasks=("swap_s5",),
     seeds=(0, 1, 2),

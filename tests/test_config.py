@@ -175,3 +175,28 @@ def test_pretrained_rule_local_paths_must_exist_hub_ids_are_legal(tmp_path):
     for junk in ("", "org/name with space", "a/b c"):
         with pytest.raises(ValueError, match="backbone.pretrained"):
             ok(junk)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What the task itself cannot serve, refused at config time (before any worker builds the task).
+
+@pytest.mark.parametrize("overrides, field, words", [
+    ({"task": {"name": "reachability", "op_order": "recent_first"}}, "task.op_order",
+     "'recent_first' needs a task with a serial [BOS, ops, SEP, queries] layout, one of ['swap_s5'"),
+    ({"task": {"name": "reachability", "train_filler": 2}}, "task.train_filler",
+     "must be 0 for task 'reachability', which has no serial"),
+    ({"task": {"name": "reachability"}, "eval": {"depths": (8, 64, 256)}}, "eval.depths",
+     "[256] exceed the max_depth=128 of task 'reachability'; test depths must be in [task.train_depth, 128]"),
+    ({"task": {"name": "reachability", "train_depth": 129}, "eval": {"depths": (129,)},
+      "recipe": {"max_iterations": 200}}, "task.train_depth", "must be in [1, 128], the max_depth of task"),
+])
+def test_task_shape_errors_name_the_field_and_allowed_values(overrides, field, words):
+    with pytest.raises(ValueError) as e:
+        with_overrides(TrialConfig(), **overrides).validate()
+    lines = [line for line in str(e.value).splitlines() if line.strip().startswith(f"- {field}:")]
+    assert len(lines) == 1 and words in lines[0], str(e.value)
+
+
+def test_serial_options_and_depths_within_max_depth_stay_legal():
+    with_overrides(TrialConfig(), task={"name": "swap_s5", "op_order": "recent_first", "train_filler": 3}).validate()
+    with_overrides(TrialConfig(), task={"name": "reachability"}, eval={"depths": (8, 128)}).validate()

@@ -15,14 +15,15 @@ from par_ray.sweep.cli import main, parse_args
 from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, cluster_capacity, connect,
                                      max_concurrent_trials, print_plan, ray_address, trial_resources)
 from par_ray.sweep.run import print_summary, run_sweep, sweep_status, trial_outcome
-from par_ray.sweep.spec import (DEFAULT_STORAGE, METRIC_ALIASES, PRESET_CHOICES, TRAIN_MAX_FAILURES,
-                                TUNE_MAX_FAILURES, Options, Plan, Recipe, Search, SweepConfigError, SweepSpec,
-                                build_plan, count_trials, resolve, trial_label)
+from par_ray.sweep.spec import (CELL_KEY, DEFAULT_STORAGE, GRID_DIMS, METRIC_ALIASES, PRESET_CHOICES,
+                                TRAIN_MAX_FAILURES, TUNE_MAX_FAILURES, Options, Plan, Recipe, Search, SweepConfigError,
+                                SweepSpec, build_plan, cell_errors, cells_of, count_trials, default_seeds, resolve,
+                                trial_label)
 
 __all__ = [
-    "DEFAULT_STORAGE", "DRIVER_RESOURCES", "METRIC_ALIASES", "PRESET_CHOICES", "TRAIN_MAX_FAILURES",
-    "TUNE_MAX_FAILURES", "Options", "Plan", "Recipe", "Search", "SweepConfigError", "SweepSpec",
-    "autoscaler_limits_unknown", "build_plan", "cluster_capacity", "connect", "count_trials", "main",
-    "max_concurrent_trials", "parse_args", "print_plan", "print_summary", "ray_address", "resolve", "run_sweep",
-    "sweep_status", "trial_label", "trial_outcome", "trial_resources",
+    "CELL_KEY", "DEFAULT_STORAGE", "DRIVER_RESOURCES", "GRID_DIMS", "METRIC_ALIASES", "PRESET_CHOICES",
+    "TRAIN_MAX_FAILURES", "TUNE_MAX_FAILURES", "Options", "Plan", "Recipe", "Search", "SweepConfigError", "SweepSpec",
+    "autoscaler_limits_unknown", "build_plan", "cell_errors", "cells_of", "cluster_capacity", "connect",
+    "count_trials", "default_seeds", "main", "max_concurrent_trials", "parse_args", "print_plan", "print_summary",
+    "ray_address", "resolve", "run_sweep", "sweep_status", "trial_label", "trial_outcome", "trial_resources",
 ]

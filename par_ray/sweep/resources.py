@@ -15,7 +15,7 @@ import sys
 import typing
 
 from par_ray.config import TrialConfig
-from par_ray.sweep.spec import Plan, SweepConfigError, domain_ends
+from par_ray.sweep.spec import GRID_DIMS, Plan, SweepConfigError, cells_of, domain_ends
 
 DRIVER_RESOURCES = {"CPU": 0.0, "memory": 512 * 2**20}
 """What a trial's driver (a Tune actor that only waits on its TorchTrainer) reserves. Memory, not a CPU sliver: on a
@@ -199,7 +199,13 @@ def print_plan(plan: Plan, train_storage: str) -> None:
     memory per GPU of one training step (the trial's memory); starts nothing."""
     print(f"sweep {plan.spec.name}: {plan.spec.description or 'no description'}")
     shown = plan.trials
-    if plan.search is None:
+    cells = cells_of(plan.spec, plan.preset)
+    cell_keys = [k for k in (cells[0] if cells else ()) if k not in GRID_DIMS]
+    if plan.search is None and cells:
+        crossed = " × ".join(["cells", *[name for key, name in (("recipe", "recipes"), ("task.name", "tasks"))
+                                          if key not in cells[0]], "backbones", "seeds"])
+        print(f"preset {plan.preset}: {len(plan.trials)} trials (grid: {len(cells)} {crossed})")
+    elif plan.search is None:
         print(f"preset {plan.preset}: {len(plan.trials)} trials (grid: recipes × tasks × backbones × seeds)")
     else:
         first = {k: domain_ends(k, d)[0] for k, d in plan.search.space.items()}
@@ -208,16 +214,18 @@ def print_plan(plan: Plan, train_storage: str) -> None:
               f"over {len(shown)} grid point(s); search space:")
         for k, d in plan.search.space.items():
             print(f"  {k}: {_describe_domain(d)}")
-    print("| # | recipe | backbone | task | seed | strategy | GPUs/workers | Ray reservation (Train workers + trial "
-          "driver) | steps | d_train | test depths | trial memory per GPU (planner) |")
-    print("|---:|---|---|---|---:|---|---:|---|---:|---:|---|---|")
-    for i, (_, cfg) in enumerate(shown):
+    cell_col = " cell |" if cell_keys else ""
+    print(f"| # | recipe | backbone | task | seed |{cell_col} strategy | GPUs/workers | Ray reservation (Train workers "
+          f"+ trial driver) | steps | d_train | test depths | trial memory per GPU (planner) |")
+    print(f"|---:|---|---|---|---:|{'---|' if cell_keys else ''}---|---:|---|---:|---:|---|---|")
+    for i, (params, cfg) in enumerate(shown):
         tr = cfg.train
         try:
             res = reservation(trial_resources(cfg, train_storage))
         except Exception as e:  # noqa: BLE001 - a dry run reports what it cannot compute
             res = f"? ({type(e).__name__})"
-        print(f"| {i} | {cfg.recipe.name} | {cfg.backbone.name} | {cfg.task.name} | {tr.seed} | {tr.strategy}"
+        cell = f" {', '.join(f'{k}={params[k]}' for k in cell_keys)} |" if cell_keys else ""
+        print(f"| {i} | {cfg.recipe.name} | {cfg.backbone.name} | {cfg.task.name} | {tr.seed} |{cell} {tr.strategy}"
               f"{f' ZeRO-{tr.zero_stage}' if tr.strategy == 'deepspeed' else ''} | {tr.num_workers} | {res} | "
               f"{tr.steps} | {cfg.task.train_depth} | {','.join(map(str, cfg.eval.depths))} | "
               f"{_memory_estimate(cfg)} |")
@@ -246,20 +254,24 @@ def _describe_domain(domain: typing.Any) -> str:
 def _memory_estimate(cfg: TrialConfig) -> str:
     """Peak memory per GPU of one training step from ``par_ray.planner`` at the largest train depth."""
     try:
+        from par_ray.halting import NUM_HALT_TOKENS
         from par_ray.planner import plan as plan_memory
+        from par_ray.stages import uses_halting
         from par_ray.tasks import get_task
 
         task, tr, rc = get_task(cfg.task.name), cfg.train, cfg.recipe
         episode = task.sample(cfg.task.train_depth, 1, seed=0)
+        halt = int(uses_halting(cfg))  # the halting query: one more token and one more read position
         R = rc.max_iterations if rc.depth_schedule == "hold" or not rc.tied else -(-cfg.task.train_depth
                                                                                   // rc.ops_per_iteration)
         estimate = plan_memory(
             cfg.backbone.name, tr.strategy, tr.num_workers, R=min(R, rc.max_iterations), grad_window=rc.grad_window,
-            micro_batch=tr.batch_size // tr.num_workers, seq_len=int(episode.input_ids.shape[1]),
+            micro_batch=tr.batch_size // tr.num_workers, seq_len=int(episode.input_ids.shape[1]) + halt,
             zero_stage=tr.zero_stage, offload=tr.zero_offload, dtype="bf16" if tr.use_gpu else "fp32",
-            read_positions=int(episode.read_positions.numel()), split=cfg.backbone.split, tied=rc.tied,
+            read_positions=int(episode.read_positions.numel()) + halt, split=cfg.backbone.split, tied=rc.tied,
             untied_copies=rc.max_iterations, anchoring=rc.anchoring,
-            vocab_size=None if cfg.backbone.pretrained else task.vocab_size)  # checkpoints keep their vocabulary
+            # checkpoints keep their vocabulary; a task vocabulary gains the halting tokens (par_ray.halting)
+            vocab_size=None if cfg.backbone.pretrained else task.vocab_size + NUM_HALT_TOKENS * halt)
     except Exception as e:  # noqa: BLE001 - the planner is optional for a dry run; say why it is missing
         return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
     return f"{estimate.total / 1e9:.2f} GB ({estimate.peak_phase})"

@@ -29,7 +29,7 @@ from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown
                                      connect, local_preset_guess, max_concurrent_trials, print_plan, reservation,
                                      trial_resources)
 from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
-                                build_plan, count_trials, resolve, trial_label)
+                                build_plan, cells_of, count_trials, resolve, trial_label)
 
 STATUS_EVERY_S = 300
 """Seconds between Tune's status tables (one also comes first and last); progress lines come at every report."""
@@ -278,6 +278,9 @@ def _sweep_params(plan: Plan, opts: Options) -> dict[str, typing.Any]:
         "smoke_test": opts.smoke_test,
         "num_trials": count_trials(plan),
     }
+    cells = cells_of(plan.spec, plan.preset)
+    if cells:  # explicit (recipe, task, …) cells: the grid is not recipes × tasks
+        out["cells"] = ";".join(",".join(f"{k}={v}" for k, v in c.items()) for c in cells)
     if plan.search is not None:
         out.update({"search.metric": plan.metric, "search.mode": plan.mode,
                     "search.space": ",".join(plan.search.space)})

@@ -1,8 +1,8 @@
 """The sweep spec and its trial plan: what a sweep runs, resolved and validated before Ray starts.
 
-A sweep is declared as a :class:`SweepSpec` (recipes × tasks × backbones × seeds, fixed overrides, optionally an
-Optuna + ASHA :class:`Search`). :func:`build_plan` resolves every trial's :class:`~par_ray.config.TrialConfig`
-(preset → overrides → recipe → recipe overrides, see :func:`resolve`) and validates all of them, before Ray is started
+A sweep is declared as a :class:`SweepSpec` (recipes × tasks × backbones × seeds, or explicit cells × backbones ×
+seeds; fixed overrides, optionally an Optuna + ASHA :class:`Search`). :func:`build_plan` resolves every trial's
+:class:`~par_ray.config.TrialConfig` (preset → overrides → recipe → recipe overrides, see :func:`resolve`) and validates all of them, before Ray is started
 or any cluster resource is claimed: bad input raises one :class:`SweepConfigError` naming the field or flag.
 """
 
@@ -29,8 +29,15 @@ TRAIN_MAX_FAILURES = 2
 METRIC_ALIASES = ("acc_longest",)
 """``acc_longest`` = ``acc_d{largest test depth}``."""
 
+CELL_KEY = "cell"
+"""Tune param holding one of ``SweepSpec.cells`` (a dict of flat keys; :func:`resolve` unpacks it)."""
+GRID_DIMS = ("recipe", "task.name", "backbone.name", "train.seed")
+"""The grid's dimensions, each a param :func:`resolve` reads."""
+
 Recipe = typing.Callable[[TrialConfig], TrialConfig]
 """A recipe: a function that changes fields of a base config (``par_ray.recipes``)."""
+Cell = typing.Mapping[str, typing.Any]
+"""One explicit grid point of ``SweepSpec.cells``: flat config keys (and ``recipe``) → values."""
 
 
 class SweepConfigError(ValueError):
@@ -71,10 +78,20 @@ class SweepSpec:
     tasks: tuple[str, ...] = ("swap_s5",)
     backbones: typing.Mapping[str, tuple[str, ...]] = field(default_factory=lambda: dict(presets.PRESET_BACKBONES))
     """Preset → default backbones (``--backbones`` overrides)."""
-    seeds: tuple[int, ...] = (0, 1, 2)
-    """Default seeds (``--seeds`` overrides)."""
+    seeds: tuple[int, ...] | typing.Mapping[str, tuple[int, ...]] = (0, 1, 2)
+    """Default seeds (``--seeds`` overrides): one tuple for every preset, or preset → seeds."""
     overrides: typing.Mapping[str, typing.Any] = field(default_factory=dict)
     """Flat config overrides applied to every trial (``recipe.*`` keys apply after the recipe)."""
+    preset_overrides: typing.Mapping[str, typing.Mapping[str, typing.Any]] = field(default_factory=dict)
+    """Preset → flat overrides applied after ``overrides`` under that preset only (e.g. a shorter local budget)."""
+    cells: tuple[Cell, ...] | typing.Mapping[str, tuple[Cell, ...]] = ()
+    """Explicit grid points (one tuple for every preset, or preset → tuple) instead of the full product: each cell
+    maps flat keys (``recipe``, ``task.name``, any config key such as ``eval.halt_k``) to values, every cell naming
+    the same keys. The grid is then cells × the dimensions the cells do not name (of ``recipe``, ``task.name``,
+    ``backbone.name``, ``train.seed``), so ``[{"recipe": r, "task.name": "swap_s5"} for r in recipes] +
+    [{"recipe": "par", "task.name": t} for t in tasks]`` runs every recipe on one task and only ``par`` on the
+    others. Empty: ``recipes`` × ``tasks``. Grid only (not with ``search``); ``recipes`` and ``tasks`` must list
+    every recipe and task the cells name. Tune gets them as one grid dimension, the param ``cell``."""
     search: Search | None = None
     """``None``: the full grid. Otherwise Optuna + ASHA; grid dimensions with several values become choices."""
     tune_max_failures: int = TUNE_MAX_FAILURES
@@ -120,8 +137,10 @@ def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mappi
 
     Order: ``presets.preset_trial(preset, backbone, task, seed)`` → the non-recipe keys → the recipe (from
     ``RECIPES`` or ``extra_recipes``) → the ``recipe.*`` keys (so a search over ``recipe.hold_lambda`` wins over the
-    recipe's value). Raises ``ValueError`` naming unknown keys / values; does not validate ranges.
+    recipe's value). A ``cell`` param (one of ``SweepSpec.cells``, as Tune's grid hands it over) is read as its flat
+    keys. Raises ``ValueError`` naming unknown keys / values; does not validate ranges.
     """
+    params = {**{k: v for k, v in params.items() if k != CELL_KEY}, **dict(params.get(CELL_KEY) or {})}
     flat = {k: v for k, v in params.items() if k not in ("preset", "recipe")}
     cfg = presets.preset_trial(str(params["preset"]), str(flat.pop("backbone.name", "tiny-qwen2")),
                                str(flat.pop("task.name", "swap_s5")), int(flat.pop("train.seed", 0)))
@@ -136,17 +155,22 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
     from ray import tune
 
     backbones = tuple(opts.backbones or spec.backbones.get(preset, presets.PRESET_BACKBONES[preset]))
-    seeds = tuple(opts.seeds if opts.seeds is not None else spec.seeds)
-    dims = {"recipe": tuple(spec.recipes), "task.name": tuple(spec.tasks), "backbone.name": backbones,
-            "train.seed": seeds}
+    seeds = tuple(opts.seeds if opts.seeds is not None else default_seeds(spec, preset))
+    dims: dict[str, tuple] = {"recipe": tuple(spec.recipes), "task.name": tuple(spec.tasks),
+                              "backbone.name": backbones, "train.seed": seeds}
     errs = [f"{name}: {v!r} is not one of {sorted(allowed)}" for name, values, allowed in (
         ("recipe", spec.recipes, {**RECIPES, **spec.extra_recipes}), ("backbone.name", backbones, BACKBONES))
         for v in values if v not in allowed]
     errs += [f"{name}: empty" for name, values in dims.items() if not values]
+    cells = cells_of(spec, preset)
+    errs += cell_errors(spec, cells)
     if errs:
         raise SweepConfigError("invalid sweep:\n  - " + "\n  - ".join(errs))
+    if cells:  # the cells replace the dimensions they name; the others cross with them
+        dims = {CELL_KEY: tuple(_flat_values(c) for c in cells), **{k: v for k, v in dims.items() if k not in cells[0]}}
 
-    fixed: dict[str, typing.Any] = {"preset": preset, **_flat_values(spec.overrides)}
+    fixed: dict[str, typing.Any] = {"preset": preset, **_flat_values(spec.overrides),
+                                    **_flat_values(spec.preset_overrides.get(preset, {}))}
     if opts.smoke_test:
         fixed.update(_flat_values(presets.smoke_overrides(presets.preset_trial(preset, backbones[0]))))
     search = spec.search
@@ -163,7 +187,7 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
             space[key] = tune.choice(list(values)) if search else tune.grid_search(list(values))
 
     # Every grid point; under a search, each domain at each of its ends (others at their first end).
-    grid = [dict(zip(dims, combo)) for combo in itertools.product(*dims.values())]
+    grid = [_unpack(dict(zip(dims, combo))) for combo in itertools.product(*dims.values())]
     variants: list[dict[str, typing.Any]] = [{}]
     if search is not None:
         if callable(search.space):
@@ -190,6 +214,51 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
     if search is not None:
         metric, mode = _check_metric(search.metric, search.mode, [cfg for _, cfg in trials])
     return Plan(spec=spec, preset=preset, param_space=space, trials=trials, search=search, metric=metric, mode=mode)
+
+
+def default_seeds(spec: SweepSpec, preset: str) -> tuple[int, ...]:
+    """``spec.seeds`` under ``preset`` (a tuple for every preset, or preset → seeds; ``(0,)`` for a preset it omits)."""
+    if isinstance(spec.seeds, typing.Mapping):
+        return tuple(spec.seeds.get(preset, (0,)))
+    return tuple(spec.seeds)
+
+
+def cells_of(spec: SweepSpec, preset: str) -> tuple[Cell, ...]:
+    """``spec.cells`` under ``preset`` (a tuple for every preset, or preset → tuple; ``()`` for a preset it omits)."""
+    if isinstance(spec.cells, typing.Mapping):
+        return tuple(spec.cells.get(preset, ()))
+    return tuple(spec.cells)
+
+
+def cell_errors(spec: SweepSpec, cells: tuple[Cell, ...]) -> list[str]:
+    """Problems of ``cells`` (the spec's under one preset) as ``"cells...: message"`` strings (empty when valid or
+    when there are none)."""
+    if not cells:
+        return []
+    errs = []
+    if spec.search is not None:
+        errs.append("cells: an Optuna search samples its own points; use cells only in a grid (search=None)")
+    keys = set(cells[0])
+    allowed = {"recipe": set(spec.recipes), "task.name": set(spec.tasks)}
+    for i, cell in enumerate(cells):
+        if not cell:
+            errs.append(f"cells[{i}]: empty; a cell names at least one key")
+        if set(cell) != keys:
+            errs.append(f"cells[{i}]: names keys {sorted(cell)}, but cells[0] names {sorted(keys)}; every cell must "
+                        "name the same keys")
+        for key, values in allowed.items():
+            if key in cell and cell[key] not in values:
+                where = "recipes" if key == "recipe" else "tasks"
+                errs.append(f"cells[{i}].{key}: {cell[key]!r} is not in the spec's {where} {sorted(values)}")
+    if len({tuple(sorted(_flat_values(c).items())) for c in cells}) != len(cells):
+        errs.append("cells: the same cell appears twice")
+    return errs
+
+
+def _unpack(point: dict[str, typing.Any]) -> dict[str, typing.Any]:
+    """A grid point with its cell (if any) read as flat keys, as :func:`resolve` reads it."""
+    cell = point.pop(CELL_KEY, None) or {}
+    return {**_flat_values(cell), **point}
 
 
 def _flat_values(flat: typing.Mapping[str, typing.Any]) -> dict[str, typing.Any]:
