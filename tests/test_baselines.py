@@ -250,3 +250,26 @@ def test_cot_greedy_decoding_equals_teacher_forced_argmax_on_a_trained_toy():
     for d in cfg.eval.depths:
         assert 0.0 <= metrics[f"acc_d{d}"] <= 1.0 and 1 <= metrics[f"cot_tokens_d{d}"] <= trace_length(d, 5)
     assert "loss_k1" in metrics  # the probe reads the teacher-forced trace loss
+
+
+@pytest.fixture
+def one_rank_group():
+    """A one-rank gloo group in this process, so ``fsdp`` really shards (FSDP2 on a 1-rank mesh)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_cot_decoding_through_fsdp2_equals_the_plain_model(one_rank_group):
+    """Greedy decoding goes through the wrapper's forward (``cache=``), so FSDP2 gathers each unit's parameters."""
+    cfg = with_overrides(tiny_trial("cot"), train=dict(strategy="fsdp"))
+    plain, task, _ = engine_and_tasks(with_overrides(cfg, train=dict(strategy="ddp")))
+    sharded, _, _ = engine_and_tasks(cfg)
+    assert type(sharded.model) is not type(plain.raw)  # fully_shard swapped in its FSDP class
+    tokens = cot_tokens(task.vocab_size)
+    prompt = task.sample(4, 3, seed=5).input_ids
+    want = greedy_decode(plain.raw, prompt, tokens, max_new=12)
+    got = greedy_decode(sharded.model, prompt, tokens, max_new=12, reduce_sum=sharded.all_reduce_sum)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
