@@ -519,6 +519,9 @@ def halting_and_stage_errors(cfg: TrialConfig) -> list[str]:
             check(not changed, f"stages[{i}].recipe",
                   f"{s.recipe!r} changes {changed}, which are built into the model once per trial; "
                   "a stage may not change them")
+            check(not (sr.halting and sr.fixed_iterations), f"stages[{i}].recipe",
+                  f"{s.recipe!r} trains learned halting, which needs R to follow the depth "
+                  f"(recipe.fixed_iterations={sr.fixed_iterations})")
     check(len(open_ended) <= 1, "stages", f"at most one stage may have steps=0 (the rest), got stages {open_ended}")
     if sizes_ok and open_ended:
         check(fixed < tr.steps, "stages",

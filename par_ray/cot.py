@@ -38,7 +38,7 @@ from typing import Sequence
 
 import torch
 
-from par_ray.tasks.common import _COPIED, Episode, Task
+from par_ray.tasks.common import Episode, Task
 
 NUM_COT_TOKENS = 2
 """Ids a task vocabulary gains for the trace: STEP, END."""
@@ -114,7 +114,7 @@ class CotTask(Task):
 
     def __init__(self, base: Task, tokens: CotTokens):
         self.base, self.tokens = base, tokens
-        for attr in _COPIED:
+        for attr in ("name", "num_queries", "chance", "full_state_chance", "answer_token_ids", "max_depth"):
             setattr(self, attr, getattr(base, attr))
         self.vocab_size = base.vocab_size + NUM_COT_TOKENS
         self.num_states = 0  # no whole-task state classes for the dense targets on the trace

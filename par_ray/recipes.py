@@ -136,8 +136,10 @@ def rlt(cfg: TrialConfig) -> TrialConfig:
 
 
 def untied(cfg: TrialConfig) -> TrialConfig:
-    # max_iterations is the number of core copies LoopedLM builds (build_looped): exactly the 4 that run.
-    return _final_after_last(cfg, "untied", UNTIED_CORE_MULTIPLE, tied=False, max_iterations=UNTIED_CORE_MULTIPLE)
+    # max_iterations is the number of core copies LoopedLM builds (build_looped): exactly the 4 that run, all inside
+    # the gradient window, so every copy trains at every step.
+    return _final_after_last(cfg, "untied", UNTIED_CORE_MULTIPLE, tied=False, max_iterations=UNTIED_CORE_MULTIPLE,
+                             grad_window=max(cfg.recipe.grad_window, UNTIED_CORE_MULTIPLE))
 
 
 def cot(cfg: TrialConfig) -> TrialConfig:

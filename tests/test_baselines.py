@@ -273,3 +273,31 @@ def test_cot_decoding_through_fsdp2_equals_the_plain_model(one_rank_group):
     want = greedy_decode(plain.raw, prompt, tokens, max_new=12)
     got = greedy_decode(sharded.model, prompt, tokens, max_new=12, reduce_sum=sharded.all_reduce_sum)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("recipe", ["cot", "untied"])
+def test_baseline_trains_through_the_loop_and_its_export_loads(recipe, tmp_path):
+    """The real worker function in Ray Train's local mode: training, evaluation (CoT: greedy, with its token cost),
+    the final export, and ``load_trained`` rebuilding the same vocabulary (CoT: + STEP/END)."""
+    from par_ray.model import load_trained
+    from par_ray.train.trainer import build_trainer
+
+    cfg = tiny_trial(recipe, train=dict(steps=3, batch_size=4, warmup_steps=1, eval_every=3, report_every=3))
+    result = build_trainer(cfg, f"baseline-{recipe}", storage_path=str(tmp_path / "ray"), local=True,
+                           export_dir=str(tmp_path / "final")).fit()
+    m = result.metrics
+    assert m["step"] == 3 and {f"acc_d{d}" for d in cfg.eval.depths} <= set(m)
+    assert ({f"cot_tokens_d{d}" for d in cfg.eval.depths} <= set(m)) is (recipe == "cot")
+    trained = load_trained(str(tmp_path / "final"))
+    task = build_task(cfg.task)
+    assert trained.model.lm_head.out_features == task.vocab_size + (2 if recipe == "cot" else 0)
+    assert trained.config.recipe == cfg.recipe
+
+
+def test_a_halting_stage_is_refused_on_a_fixed_r_baseline():
+    from par_ray.config import StageConfig
+
+    cfg = tiny_trial("fixed_depth")
+    cfg = dataclasses.replace(cfg, stages=(StageConfig(), StageConfig(share=0.25, recipe="halt_readout")))
+    with pytest.raises(ValueError, match=r"stages\[1\]\.recipe: 'halt_readout' trains learned halting"):
+        cfg.validate()
