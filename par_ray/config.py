@@ -27,6 +27,7 @@ ZERO_STAGES = (1, 2, 3)
 POSITION_SCHEMES = ("rope", "none", "conv")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 OP_ORDERS = ("forward", "recent_first")
+SUPERVISE = ("window", "last")
 FROZEN_PARTS = ("none", "all_but_coda")
 """What a stage may freeze (``par_ray.stages.FROZEN_PREFIXES`` says which parameters each leaves trainable)."""
 
@@ -141,6 +142,18 @@ class RecipeConfig:
     stretch_ramp: bool = False
     """Ramp the stretch cap linearly from 1 (first step of the stage) to ``stretch_max`` (last step of the stage)
     instead of drawing s ~ U[1, stretch_max] from the start (the paper's stretch fine-tuning stage, §3.4)."""
+    fixed_iterations: int = 0
+    """0: R follows the depth (R = ceil(d / c) under the forced schedule, and at every test depth). n >= 1: every
+    training step and every test depth runs exactly R = n iterations, whatever d (the baselines ``fixed_depth``: 1,
+    ``more_iterations``: 2 ceil(d_train / c), ``untied``: 4; ``par_ray.recipes``)."""
+    supervise: str = "window"
+    """Which read-out iterations the answer loss covers, one of ``SUPERVISE``: ``window`` (every iteration in the
+    gradient window, PAR) or ``last`` (only iteration R: the answer after the last iteration, as the fixed-depth,
+    more-iterations, RLT and untied baselines are trained)."""
+    cot: bool = False
+    """Explicit chain-of-thought baseline (``par_ray.cot``): train next-token prediction on the prompt followed by the
+    intermediate states written out as tokens, with R = 1; evaluate by greedy decoding with a KV cache, accuracy on
+    the final state and the generated tokens per test depth (``cot_tokens_d{D}``)."""
 
 
 @dataclass(frozen=True)
@@ -391,10 +404,39 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     at_least("recipe.grad_window", 1)
     at_least("recipe.hold_lambda", 0)
     at_least("recipe.stretch_max", 1.0, " (1.0 = off)")
-    check("recipe.max_iterations task.train_depth recipe.ops_per_iteration",
-          lambda: r.max_iterations >= -(-t.train_depth // max(r.ops_per_iteration, 1)),
-          lambda: (f"must be >= ceil(task.train_depth / recipe.ops_per_iteration) = "
-                   f"{-(-t.train_depth // max(r.ops_per_iteration, 1))}, got {r.max_iterations}"))
+    at_least("recipe.fixed_iterations", 0, " (0 = R follows the depth)")
+    fixed = "recipe.fixed_iterations" not in bad and r.fixed_iterations > 0
+    if fixed:  # R = fixed_iterations at every step: the cap must let it through
+        check("recipe.max_iterations recipe.fixed_iterations", lambda: r.max_iterations >= r.fixed_iterations,
+              f"must be >= recipe.fixed_iterations={r.fixed_iterations}, got {r.max_iterations}")
+    else:
+        check("recipe.max_iterations task.train_depth recipe.ops_per_iteration",
+              lambda: r.max_iterations >= -(-t.train_depth // max(r.ops_per_iteration, 1)),
+              lambda: (f"must be >= ceil(task.train_depth / recipe.ops_per_iteration) = "
+                       f"{-(-t.train_depth // max(r.ops_per_iteration, 1))}, got {r.max_iterations}"))
+    one_of("recipe.supervise", SUPERVISE)
+    if fixed:
+        check("recipe.depth_schedule", lambda: r.depth_schedule == "forced",
+              f"recipe.fixed_iterations={r.fixed_iterations} runs the same R at every step; use 'forced' "
+              f"(the 'hold' schedule draws R), got {r.depth_schedule!r}")
+        check("recipe.extra_iterations", lambda: r.extra_iterations == 0,
+              f"must be 0 with recipe.fixed_iterations={r.fixed_iterations} (R is fixed), got {r.extra_iterations}")
+        check("recipe.halting", lambda: r.halting is not True,
+              "learned halting needs R to follow the depth; it cannot be trained with recipe.fixed_iterations > 0")
+    if r.cot is True:  # the chain-of-thought baseline: R = 1, the trace is the target (par_ray.cot)
+        check("recipe.fixed_iterations", lambda: r.fixed_iterations == 1,
+              f"recipe.cot needs recipe.fixed_iterations=1 (no recurrence), got {r.fixed_iterations}")
+        check("recipe.supervise", lambda: r.supervise == "last",
+              f"recipe.cot needs recipe.supervise='last', got {r.supervise!r}")
+        check("recipe.halting", lambda: r.halting is not True, "cannot be combined with recipe.cot")
+        check("recipe.dense_targets", lambda: r.dense_targets is not True, "cannot be combined with recipe.cot")
+        check("backbone.position_scheme", lambda: b.position_scheme in ("rope", "none"),
+              f"recipe.cot decodes with a KV cache: 'rope' or 'none', got {b.position_scheme!r}")
+        check("backbone.attention_window", lambda: b.attention_window == 0,
+              f"recipe.cot decodes with a KV cache over the whole sequence: must be 0, got {b.attention_window}")
+        check("backbone.coda_window", lambda: b.coda_window == 0,
+              f"recipe.cot decodes with a KV cache over the whole sequence: must be 0, got {b.coda_window}")
+        check("task.given_prefix", lambda: t.given_prefix == 0, "cannot be combined with recipe.cot")
 
     for name in ("train.steps", "train.batch_size", "train.num_workers", "train.eval_every", "train.report_every"):
         at_least(name, 1)
@@ -529,10 +571,13 @@ def halting_and_stage_errors(cfg: TrialConfig) -> list[str]:
             errs.append(f"stages[{i}].recipe: {s.recipe!r} is not one of {['', *RECIPES]}")
         elif s.recipe:
             sr = RECIPES[s.recipe](cfg).recipe
-            changed = [f for f in ("anchoring", "tied", "max_iterations") if getattr(sr, f) != getattr(r, f)]
+            changed = [f for f in ("anchoring", "tied", "max_iterations", "cot") if getattr(sr, f) != getattr(r, f)]
             check(not changed, f"stages[{i}].recipe",
                   f"{s.recipe!r} changes {changed}, which are built into the model once per trial; "
                   "a stage may not change them")
+            check(not (sr.halting and sr.fixed_iterations), f"stages[{i}].recipe",
+                  f"{s.recipe!r} trains learned halting, which needs R to follow the depth "
+                  f"(recipe.fixed_iterations={sr.fixed_iterations})")
     check(len(open_ended) <= 1, "stages", f"at most one stage may have steps=0 (the rest), got stages {open_ended}")
     if sizes_ok and open_ended:
         check(fixed < tr.steps, "stages",

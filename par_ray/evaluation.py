@@ -20,6 +20,8 @@ from typing import Mapping, Sequence
 
 import torch
 
+from par_ray.schedules import iterations_at
+
 
 @dataclass(frozen=True)
 class Extrapolation:
@@ -75,6 +77,7 @@ def accuracy_by_depth(
     rank: int = 0,
     world_size: int = 1,
     reduce_sum=lambda t: t,
+    fixed_iterations: int = 0,
 ) -> dict[int, dict[str, float]]:
     """Accuracy at each test depth with R = ceil(d / c), read out once after iteration R (paper §4.2).
 
@@ -85,13 +88,14 @@ def accuracy_by_depth(
         eval_cfg: ``EvalConfig`` (depths, num_sequences, batch_size, seed).
         rank, world_size: rows ``rank::world_size`` of each test set are evaluated here.
         reduce_sum: sums a tensor over ranks (identity on one rank).
+        fixed_iterations: > 0: R = this at every depth (``recipe.fixed_iterations``, the fixed-R baselines).
     Returns:
         ``{d: {"acc": full-state accuracy, "acc_query": per-query accuracy}}``, fractions in [0, 1].
     """
     results: dict[int, dict[str, float]] = {}
     for depth in eval_cfg.depths:
         ep = task.sample(depth, eval_cfg.num_sequences, seed=eval_cfg.seed, step=0)
-        R = math.ceil(depth / ops_per_iteration)
+        R = iterations_at(depth, ops_per_iteration, fixed_iterations)
         ids_BT = ep.input_ids[rank::world_size]
         answers_BQ = ep.states[rank::world_size, -1]
         reads_Q = ep.read_positions.to(device)

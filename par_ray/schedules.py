@@ -4,7 +4,8 @@ Every draw is a pure function of (seed, step): all ranks agree (lockstep) withou
 replays exactly the schedule it would have seen. Streams are separated with ``numpy.random.SeedSequence``.
 
 - forced depth (paper §3.2): d ~ U{min_depth .. d_train}, R = ceil(d / c) (+ U{0 .. m} slack iterations with
-  ``recipe.extra_iterations = m``, a par_ray option: iterations past d / c keep z_d).
+  ``recipe.extra_iterations = m``, a par_ray option: iterations past d / c keep z_d); with
+  ``recipe.fixed_iterations = n > 0`` (the fixed-R baselines), R = n whatever d.
 - hold: d as above, R = 1 + Poisson(λ) capped at ``max_iterations``; iterations past d / c keep z_d (the objective's
   min(c·k, d) does this).
 - positional stretch (§3.4): s ~ U[1, s_max] per step (s_max = 1 disables it); in the paper's stretch stage s_max
@@ -42,6 +43,12 @@ def stretch_cap(stretch_max: float, step_in_stage: int, stage_steps: int) -> flo
     return 1.0 + (float(stretch_max) - 1.0) * min(max(step_in_stage, 0), stage_steps - 1) / (stage_steps - 1)
 
 
+def iterations_at(depth: int, ops_per_iteration: int, fixed_iterations: int = 0) -> int:
+    """R for ``depth`` operations: ceil(d / c), or ``fixed_iterations`` when that is > 0 (the fixed-depth,
+    more-iterations and untied baselines run the same R at every depth, in training and at test)."""
+    return fixed_iterations if fixed_iterations > 0 else math.ceil(depth / ops_per_iteration)
+
+
 def plan_step(task_cfg, recipe_cfg, seed: int, step: int, stretch_max: float | None = None) -> StepPlan:
     """The (d, R, s) of training step ``step`` of a trial seeded ``seed``.
 
@@ -53,7 +60,7 @@ def plan_step(task_cfg, recipe_cfg, seed: int, step: int, stretch_max: float | N
     rng = np.random.default_rng(np.random.SeedSequence([_SCHEDULE_STREAM, seed, step]))
     depth = int(rng.integers(task_cfg.min_train_depth, task_cfg.train_depth + 1))
     if recipe_cfg.depth_schedule == "forced":
-        R = math.ceil(depth / recipe_cfg.ops_per_iteration)
+        R = iterations_at(depth, recipe_cfg.ops_per_iteration, getattr(recipe_cfg, "fixed_iterations", 0))
         if recipe_cfg.extra_iterations:  # drawn only when on, so the paper's schedule keeps its random stream
             R += int(rng.integers(0, recipe_cfg.extra_iterations + 1))
     elif recipe_cfg.depth_schedule == "hold":

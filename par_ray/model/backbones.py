@@ -275,6 +275,7 @@ def run_decoder_layer(
     position_embeddings: tuple[torch.Tensor, torch.Tensor],
     mask: torch.Tensor | None,
     rows_Q: torch.Tensor | None = None,
+    cache: Any = None,
 ) -> torch.Tensor:
     """Apply one parent decoder layer. The only place that knows the layer's call signature (transformers 5.24).
 
@@ -285,12 +286,16 @@ def run_decoder_layer(
         rows_Q: (Q,) positions (any order, repeats allowed) to compute the output at; ``None`` = all T. Rows attend
             causally to the keys/values of all positions (:class:`AllPositionsKeys`), so the result equals the full
             output's rows ``[:, rows_Q]`` (to float32 round-off) at about Q/T of the layer's cost.
+        cache: a transformers KV cache (``DynamicCache``) for incremental decoding: the layer appends the keys/values
+            of ``hidden_BTH``'s positions under its own ``layer_idx`` and attends over everything cached (the
+            chain-of-thought baseline, ``par_ray.cot``). Not combined with ``rows_Q``.
     Returns: (B, T, H), or (B, Q, H) with ``rows_Q``.
     Raises: ValueError for ``rows_Q`` on a layer with gradient checkpointing enabled (transformers drops the cache
         argument there, which would silently attend over the rows only).
     """
     if rows_Q is None:
-        out = layer(hidden_BTH, attention_mask=mask, position_embeddings=position_embeddings, use_cache=False)
+        out = layer(hidden_BTH, attention_mask=mask, position_embeddings=position_embeddings, cache=cache,
+                    use_cache=cache is not None)
         return out[0] if isinstance(out, tuple) else out
     if getattr(layer, "gradient_checkpointing", False):
         raise ValueError("run_decoder_layer: rows_Q needs the layer's cache argument, which gradient checkpointing "

@@ -284,9 +284,42 @@ class LoopedLM(nn.Module):
         return LoopedOutput(torch.stack(logits), list(to_read), torch.stack(rms),
                             torch.stack(change) if state_change else None)
 
-    def forward(self, input_ids_BT, read_positions_Q, R, grad_window=None, stretch=1.0, read="window",
-                state_change=False):
-        """Alias of :meth:`iterate` so wrappers (DDP, FSDP, DeepSpeed) that call ``forward`` see the same thing."""
+    def decode(self, input_ids_BT: torch.Tensor, cache) -> torch.Tensor:
+        """One iteration (R = 1) over new tokens with transformers' KV cache: (B, T) -> next-token logits (B, T, V).
+
+        The chain-of-thought baseline's greedy decoding (``par_ray.cot``): the first call passes the prompt to an
+        empty ``transformers.DynamicCache`` (prefill, causal mask), each later call one token (B, 1) at position
+        ``cache.get_seq_length()``. Every layer runs once, so each caches under its own ``layer_idx``; the logits
+        equal :meth:`iterate` with R = 1 read out at every position (``tests/test_baselines.py``).
+        Raises: ValueError for the untied baseline, ``position_scheme="conv"``, an attention window, or more than one
+        new token after the prefill.
+        """
+        if not self.tied or self.state_conv is not None or self.attention_window or self.coda_window:
+            raise ValueError("decode: cached decoding needs a tied core, position_scheme 'rope' or 'none' and no "
+                             "attention window")
+        start, T = cache.get_seq_length(), input_ids_BT.shape[1]
+        if start and T != 1:
+            raise ValueError(f"decode: after the prefill, one token per call; got {T}")
+        x_BTH = self.embed_tokens(input_ids_BT)
+        pos, mask = self._positions(x_BTH, 1.0)
+        if start:  # the new token sees every cached position: no mask; rotary at its absolute position
+            mask = None
+            if self.position_scheme == "rope":
+                pos = self.rotary_emb(x_BTH, torch.full((1, 1), float(start), device=x_BTH.device))
+        e_BTH = x_BTH
+        for layer in self.prelude:
+            e_BTH = run_decoder_layer(layer, e_BTH, pos, mask, cache=cache)
+        s_BTH = self.adapter(torch.cat([e_BTH, e_BTH], dim=-1))  # s_0 = e; anchoring is the identity at k = 1
+        for layer in (*self.core, *self.coda):
+            s_BTH = run_decoder_layer(layer, s_BTH, pos, mask, cache=cache)
+        return self.lm_head(self.norm(s_BTH))
+
+    def forward(self, input_ids_BT, read_positions_Q=None, R=1, grad_window=None, stretch=1.0, read="window",
+                state_change=False, cache=None):
+        """Alias of :meth:`iterate` so wrappers (DDP, FSDP, DeepSpeed) that call ``forward`` see the same thing; with
+        a ``cache``, :meth:`decode` (through ``forward`` too, so sharded parameters are gathered by the wrapper)."""
+        if cache is not None:
+            return self.decode(input_ids_BT, cache)
         return self.iterate(input_ids_BT, read_positions_Q, R, grad_window, stretch, read, state_change)
 
 

@@ -258,12 +258,16 @@ def _memory_estimate(cfg: TrialConfig) -> str:
         from par_ray.planner import plan as plan_memory
         from par_ray.stages import uses_halting
         from par_ray.tasks import get_task
+        from par_ray.cot import CotTask, cot_tokens
+        from par_ray.schedules import iterations_at
 
         task, tr, rc = get_task(cfg.task.name), cfg.train, cfg.recipe
-        episode = task.sample(cfg.task.train_depth, 1, seed=0)
+        # the chain-of-thought baseline trains on prompt + trace: its sequences are the longer ones
+        data = CotTask(task, cot_tokens(task.vocab_size)) if rc.cot else task
+        episode = data.sample(cfg.task.train_depth, 1, seed=0)
         halt = int(uses_halting(cfg))  # the halting query: one more token and one more read position
-        R = rc.max_iterations if rc.depth_schedule == "hold" or not rc.tied else -(-cfg.task.train_depth
-                                                                                  // rc.ops_per_iteration)
+        R = rc.max_iterations if rc.depth_schedule == "hold" or not rc.tied else iterations_at(
+            cfg.task.train_depth, rc.ops_per_iteration, rc.fixed_iterations)
         estimate = plan_memory(
             cfg.backbone.name, tr.strategy, tr.num_workers, R=min(R, rc.max_iterations), grad_window=rc.grad_window,
             micro_batch=tr.batch_size // tr.num_workers, seq_len=int(episode.input_ids.shape[1]) + halt,

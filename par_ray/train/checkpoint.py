@@ -125,6 +125,7 @@ def load_trained(path: str) -> Trained:
         FileNotFoundError: no checkpoint or no stored config at ``path``.
         RuntimeError: the checkpoint's tensors do not fit the config's model (``load_state_dict``, strict).
     """
+    from par_ray.cot import extra_vocab
     from par_ray.halting import model_vocab_size
     from par_ray.model.looped import build_looped
     from par_ray.objectives import dense_classes
@@ -134,8 +135,9 @@ def load_trained(path: str) -> Trained:
     directory = resolve_checkpoint_dir(path)
     cfg = stored_config(directory)
     task = build_task(cfg.task)
-    # the vocabulary the training loop built: task tokens, halting tokens, dense state classes
-    vocab = model_vocab_size(task, cfg.backbone, uses_halting(cfg)) + dense_classes(task, cfg.recipe)
+    # the vocabulary the training loop built: task tokens, halting tokens, dense state classes, CoT STEP/END
+    vocab = (model_vocab_size(task, cfg.backbone, uses_halting(cfg)) + dense_classes(task, cfg.recipe)
+             + extra_vocab(cfg.recipe, cfg.backbone))
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=vocab)
     wanted = model.state_dict().keys()
     # DeepSpeed's merged state may also list buffers the module does not save; every saved key must be present.

@@ -35,11 +35,12 @@ import ray.train  # ray
 import torch
 
 from par_ray.config import TrialConfig, to_flat
+from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens, extra_vocab
 from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics
 from par_ray.halting import halt_tokens, model_vocab_size
 from par_ray.model.looped import build_looped
 from par_ray.objectives import dense_classes, par_loss
-from par_ray.schedules import plan_step
+from par_ray.schedules import iterations_at, plan_step
 from par_ray.tasks import build_task
 from par_ray.schedules import stretch_cap
 from par_ray.stages import frozen_parameters, resolve_stages, stage_at, uses_halting
@@ -120,7 +121,7 @@ def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
     ep = task.sample(depth, n, seed=cfg.eval.seed + 1, step=0)
     ids_BT = ep.input_ids[world.rank::world.size].to(engine.device)
     states_BDQ = ep.states[world.rank::world.size].to(engine.device)
-    R = math.ceil(depth / c)
+    R = iterations_at(depth, c, cfg.recipe.fixed_iterations)
     with engine.autocast():
         out = engine.model(ids_BT, ep.read_positions.to(engine.device), R, None, 1.0, "all")
     lo = par_loss(out.logits_KBQV, out.iterations, states_BDQ, c, cfg.recipe.targets)
@@ -135,15 +136,22 @@ def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
 
 def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict[str, float]:
     """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``,
-    and the per-iteration probe (:func:`probe_metrics`).
+    and the per-iteration probe (:func:`probe_metrics`). R per depth follows ``recipe.fixed_iterations``; the
+    chain-of-thought baseline (``recipe.cot``) is decoded greedily instead and adds ``cot_tokens_d{D}``, the mean
+    generated tokens per sequence (``par_ray.cot``).
 
     ``recipe``: the current stage's recipe (default ``cfg.recipe``); when it trains halting (and ``halt`` holds the
     halting tokens), also the halting-vs-oracle metrics of :func:`par_ray.evaluation.halting_metrics`.
     """
     world = engine.world
     recipe = recipe or cfg.recipe
-    acc = accuracy_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, engine.device,
-                            world.rank, world.size, engine.all_reduce_sum)
+    if cfg.recipe.cot:  # chain-of-thought: greedy decoding of the trace, cost in generated tokens (par_ray.cot)
+        tokens = cot_tokens(task.vocab_size)
+        acc = cot_accuracy_by_depth(engine.model, task, cfg.eval, tokens, engine.device, world.rank, world.size,
+                                    engine.all_reduce_sum)
+    else:
+        acc = accuracy_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, engine.device,
+                                world.rank, world.size, engine.all_reduce_sum, recipe.fixed_iterations)
     ex = extrapolation({d: v["acc"] for d, v in acc.items()}, task.full_state_chance, cfg.task.train_depth)
     out = {"chance": task.full_state_chance, "G": ex.G, "G_censored": float(ex.censored)}
     if ex.d50 is not None:
@@ -151,11 +159,13 @@ def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict
     for d, v in acc.items():
         out[f"acc_d{d}"] = v["acc"]
         out[f"acc_query_d{d}"] = v["acc_query"]
+        if "tokens" in v:
+            out[f"cot_tokens_d{d}"] = v["tokens"]
     if recipe.halting and halt is not None:
         res = halting_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, halt, engine.device,
                                world.rank, world.size, engine.all_reduce_sum)
         out.update(halting_metrics(res, recipe.ops_per_iteration))
-    out.update(probe_metrics(engine, task, cfg))
+    out.update(probe_metrics(engine, CotTask(task, tokens) if cfg.recipe.cot else task, cfg))
     return out
 
 
@@ -176,11 +186,14 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     task = build_task(cfg.task)  # evaluation prompts
     train_task = build_task(cfg.task, train=True)  # the same, or with TaskConfig.train_filler separators
+    if cfg.recipe.cot:  # chain-of-thought baseline: train on prompt + trace (par_ray.cot)
+        train_task = CotTask(train_task, cot_tokens(task.vocab_size))
     stages = resolve_stages(cfg)
     halting = uses_halting(cfg)  # then the vocabulary gains the halting tokens from the start (par_ray.halting)
     halt = halt_tokens(task, cfg.backbone) if halting else None
     torch.manual_seed(tc.seed)  # identical init on every rank
-    base_vocab = model_vocab_size(task, cfg.backbone, halting)  # task tokens (+ halting tokens)
+    # task tokens (+ halting tokens) (+ the CoT trace's STEP/END)
+    base_vocab = model_vocab_size(task, cfg.backbone, halting) + extra_vocab(cfg.recipe, cfg.backbone)
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=base_vocab + dense_classes(task, cfg.recipe))
     engine = prepare(model, tc, world)
 

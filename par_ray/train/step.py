@@ -82,7 +82,9 @@ def train_step(engine, task, task_cfg, recipe_cfg, seed: int, step: int, global_
         reads_Q = torch.cat([reads_Q, ep.op_positions.to(device)])
     with engine.autocast():
         fixed_point = recipe_cfg.dense_targets and recipe_cfg.fixed_point_weight > 0
-        out = engine.model(ids_BT, reads_Q, plan.R, recipe_cfg.grad_window, plan.stretch, "window", fixed_point)
+        # ``supervise``: every iteration of the gradient window (PAR) or only the last (the final-answer baselines)
+        out = engine.model(ids_BT, reads_Q, plan.R, recipe_cfg.grad_window, plan.stretch, recipe_cfg.supervise,
+                           fixed_point)
         read_logits = out.logits_KBQV[:, :, :n_read]  # the answers (+ the halting query, last)
         answer_logits = read_logits[:, :, :-1] if halting else read_logits
         lo = par_loss(answer_logits, out.iterations, states_BDQ, recipe_cfg.ops_per_iteration, recipe_cfg.targets,
