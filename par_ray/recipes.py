@@ -15,11 +15,16 @@ A recipe is a plain function ``TrialConfig -> TrialConfig`` (torchtitan derives 
 | par_halt_posthoc | par_hold, then a halting read-out stage (last 10 %), all but the coda frozen   |
 | stretch_ramp  | stage recipe: the current recipe with s ~ U[1, s_max], s_max ramped 1 → 8        |
 | halt_readout  | stage recipe: the current recipe with the halting loss switched on               |
+| psd_ema       | prefix self-distillation, final answers only, EMA teacher (decay 0.999) (§3)     |
+| psd_live      | prefix self-distillation, final answers only, the live student as teacher (§3)   |
 
 Stage recipes change only the ``recipe`` section and keep the rest of the trial's recipe, so a stage that names one
 continues the trial's method with one thing added (``par_ray.stages``). Halting recipes train on the hold schedule:
 the k-of-n rule reads P(Yes) at iterations past ⌈d/c⌉, which forced-depth steps never reach (they would only ever
 see Yes at k = ⌈d/c⌉).
+PSD recipes (``par_ray.distill``) label only z_d: iterations with c·k >= d get cross-entropy on it, earlier ones the
+KL to a teacher reading the prompt truncated after c·k operations; ``final_answer`` is their comparison with the same
+labels and no teacher.
 """
 
 from __future__ import annotations
@@ -83,10 +88,17 @@ def stretch(cfg: TrialConfig) -> TrialConfig:
                                                                        recipe="stretch_ramp")))
 
 
+def psd_ema(cfg: TrialConfig) -> TrialConfig:
+    return with_overrides(par(cfg), recipe=dict(name="psd_ema", targets="final", distill="ema"))
+
+
+def psd_live(cfg: TrialConfig) -> TrialConfig:
+    return with_overrides(par(cfg), recipe=dict(name="psd_live", targets="final", distill="live"))
+
 
 RECIPES: dict[str, Callable[[TrialConfig], TrialConfig]] = {
     f.__name__: f for f in (par, par_hold, final_answer, no_anchor, untied, stretch, par_halt, par_halt_posthoc,
-                            stretch_ramp, halt_readout)
+                            stretch_ramp, halt_readout, psd_ema, psd_live)
 }
 
 

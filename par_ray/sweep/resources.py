@@ -246,6 +246,7 @@ def _describe_domain(domain: typing.Any) -> str:
 def _memory_estimate(cfg: TrialConfig) -> str:
     """Peak memory per GPU of one training step from ``par_ray.planner`` at the largest train depth."""
     try:
+        from par_ray.distill import uses_ema
         from par_ray.planner import plan as plan_memory
         from par_ray.tasks import get_task
 
@@ -259,8 +260,10 @@ def _memory_estimate(cfg: TrialConfig) -> str:
             zero_stage=tr.zero_stage, offload=tr.zero_offload, dtype="bf16" if tr.use_gpu else "fp32",
             read_positions=int(episode.read_positions.numel()), split=cfg.backbone.split, tied=rc.tied,
             untied_copies=rc.max_iterations, anchoring=rc.anchoring,
-            vocab_size=None if cfg.backbone.pretrained else task.vocab_size)  # checkpoints keep their vocabulary
+            vocab_size=None if cfg.backbone.pretrained else task.vocab_size,  # checkpoints keep their vocabulary
+            ema=uses_ema(cfg))
     except Exception as e:  # noqa: BLE001 - the planner is optional for a dry run; say why it is missing
         return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
-    return f"{estimate.total / 1e9:.2f} GB ({estimate.peak_phase})"
+    teacher = f", EMA teacher {estimate.teacher / 1e9:.2f} GB included" if estimate.teacher else ""
+    return f"{estimate.total / 1e9:.2f} GB ({estimate.peak_phase}{teacher})"
 
