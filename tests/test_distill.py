@@ -106,7 +106,7 @@ def test_psd_loss_is_ce_on_the_final_answer_and_tempered_kl_before():
     out.loss.backward()
     assert student.grad.abs().sum() > 0
     # the teacher equal to the student: no KL
-    same = psd_loss(student.detach(), [1, 2], {1: student[0].detach(), 2: student[1].detach()}, states, c, T)
+    same = psd_loss(student[:2].detach(), [1, 2], {1: student[0].detach(), 2: student[1].detach()}, states, c, T)
     assert same.loss.abs() < 1e-6
     with pytest.raises(ValueError, match=r"no teacher logits for distilled iterations \[2\]"):
         psd_loss(student, [1, 2, 3], {1: teacher[1]}, states, c, T)
@@ -162,7 +162,7 @@ def test_ema_update_matches_its_formula(one_thread):
     run(engine, task, cfg, [0])
     student = list(engine.raw.parameters())
     for old, new, s in zip(before, engine.ema.parameters(), student):
-        torch.testing.assert_close(new, decay * old + (1 - decay) * s.detach(), rtol=0, atol=1e-7)
+        torch.testing.assert_close(new, decay * old + (1 - decay) * s.detach(), rtol=1e-6, atol=1e-7)
     assert any(not torch.equal(old, s) for old, s in zip(before, student))  # the student moved, so the test bites
     a, b = [torch.ones(3)], [torch.zeros(3)]
     ema_update_(a, b, 0.25)

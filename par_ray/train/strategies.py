@@ -336,8 +336,9 @@ def fsdp(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine
     4. the root (final norm, and whatever is left).
 
     ``ema``: an EMA teacher (a float32 copy made before sharding) is sharded over the same units and mesh, so each
-    rank holds 1/N of it; its units re-shard after every forward (it never runs backward, and a unit left gathered
-    would keep serving the values of before the next EMA update).
+    rank holds 1/N of it; its units and its root re-shard after every forward (it never runs backward, and FSDP2
+    does not gather a unit again while it is unsharded, so a unit left gathered would keep serving the values of
+    before the next EMA update).
 
     Without a process group (Ray Train local mode) the model is left plain: same optimizer, same DCP checkpoints.
     With one rank in a process group (a 2-worker checkpoint resumed on 1 worker) FSDP runs on a 1-rank mesh.
@@ -367,7 +368,9 @@ def fsdp(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine
             if root.lm_head.weight is not root.embed_tokens.weight:
                 shard(root.embed_tokens, reused=False)
                 shard(root.lm_head, reused=True)
-            fully_shard(root, mesh=mesh, mp_policy=mp)
+            # the root: left gathered after its forward by default (backward needs it at once); the EMA teacher's
+            # root must re-shard like its units, else its next forward reads the values of before the EMA update
+            fully_shard(root, mesh=mesh, mp_policy=mp, **({} if keep_reused else {"reshard_after_forward": True}))
 
         shard_units(model, keep_reused=True)
         if teacher is not None:
