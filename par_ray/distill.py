@@ -17,8 +17,10 @@ cross-entropies.
 
 Teacher (``RecipeConfig.distill``): ``ema`` — an exponential moving average of the student's parameters, updated
 after every optimizer step by :func:`ema_update_` (ema ← decay · ema + (1 − decay) · student), kept in float32
-outside the DDP / FSDP2 / DeepSpeed wrapper and saved in every checkpoint (the strategies hold it:
-``par_ray.train.strategies``); ``live`` — the student itself under ``torch.no_grad``.
+outside the DDP / FSDP2 / DeepSpeed wrapper and saved in every checkpoint, so a resumed trial continues the same EMA
+(the strategies hold it: ``par_ray.train.strategies``). Under FSDP2 it is sharded over the student's units; under
+DeepSpeed it is a full float32 copy on every rank, also at ZeRO-3 (not partitioned: 4 bytes × Ψ per GPU, counted by
+``par_ray.planner``); under DDP a replicated full copy. ``live`` — the student itself under ``torch.no_grad``.
 
 The truncated prompt of the serial layout ``[BOS, op_1 … op_d, SEP, …queries]`` (``Task.op_width`` = w tokens per
 operation) is ``[BOS, op_1 … op_n, SEP, …queries]`` with n = c·k: the operation blocks past n are cut out and every

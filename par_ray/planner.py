@@ -525,7 +525,8 @@ def format_plan(p: MemoryPlan, gpu_memory_gb: float) -> str:
         (" + offload" if p.offload else "")
     K = min(p.grad_window, p.R)
     rows = [
-        ("parameters", p.params), *([("EMA teacher (fp32)", p.teacher)] if p.teacher else []), ("gradients", p.grads), ("optimizer state", p.optimizer),
+        ("parameters", p.params), *([("EMA teacher (fp32)", p.teacher)] if p.teacher else []),
+        ("gradients", p.grads), ("optimizer state", p.optimizer),
         (f"activations ({K} iterations stored)", p.activations),
         ("gradients at backward peak (net)", p.backward_grads),
         ("backward workspace", p.backward_workspace), ("optimizer-step workspace", p.step_workspace),

@@ -31,7 +31,7 @@ METRIC_ALIASES = ("acc_longest",)
 """``acc_longest`` = ``acc_d{largest test depth}``."""
 
 PARALLELISM_KEYS = frozenset({"train.strategy", "train.num_workers", "train.zero_stage"})
-"""Flat keys the paper preset chooses by memory (``presets.paper_parallelism``); a sweep that sets one keeps its own."""
+"""Flat keys the paper preset chooses by memory (``presets.paper_parallelism``); a sweep setting one keeps its own."""
 
 Recipe = typing.Callable[[TrialConfig], TrialConfig]
 """A recipe: a function that changes fields of a base config (``par_ray.recipes``)."""
@@ -125,7 +125,8 @@ def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mappi
     Order: ``presets.preset_trial(preset, backbone, task, seed)`` → the non-recipe keys → the recipe (from
     ``RECIPES`` or ``extra_recipes``) → the ``recipe.*`` keys (so a search over ``recipe.hold_lambda`` wins over the
     recipe's value). Under the paper preset a recipe with an EMA teacher gets its parallelism chosen again with the
-    teacher counted, unless the params set one of :data:`PARALLELISM_KEYS`. Raises ``ValueError`` naming unknown keys / values; does not validate ranges.
+    teacher counted, unless the params set one of :data:`PARALLELISM_KEYS`. Raises ``ValueError`` naming unknown
+    keys / values; does not validate ranges.
     """
     flat = {k: v for k, v in params.items() if k not in ("preset", "recipe")}
     cfg = presets.preset_trial(str(params["preset"]), str(flat.pop("backbone.name", "tiny-qwen2")),
