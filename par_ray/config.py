@@ -28,6 +28,8 @@ POSITION_SCHEMES = ("rope", "none", "conv")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 OP_ORDERS = ("forward", "recent_first")
 SUPERVISE = ("window", "last")
+DISTILL_MODES = ("none", "ema", "live")
+"""Prefix self-distillation teacher (``RecipeConfig.distill``): none, an EMA of the student, the live student."""
 FROZEN_PARTS = ("none", "all_but_coda")
 """What a stage may freeze (``par_ray.stages.FROZEN_PREFIXES`` says which parameters each leaves trainable)."""
 
@@ -154,6 +156,16 @@ class RecipeConfig:
     """Explicit chain-of-thought baseline (``par_ray.cot``): train next-token prediction on the prompt followed by the
     intermediate states written out as tokens, with R = 1; evaluate by greedy decoding with a KV cache, accuracy on
     the final state and the generated tokens per test depth (``cot_tokens_d{D}``)."""
+    distill: str = "none"
+    """Prefix self-distillation (§3, "Prefix Self-Distillation"), one of ``DISTILL_MODES``: only final answers are
+    labelled (iterations with c·k >= d, cross-entropy on z_d); an earlier iteration k is trained towards a teacher
+    that reads the prompt truncated after c·k operations at its final iteration (``par_ray.distill``). ``ema``: the
+    teacher is an exponential moving average of the student (``ema_decay``); ``live``: the student itself under
+    ``torch.no_grad``. ``none``: off. Needs ``targets="final"`` and a task with a serial prompt layout."""
+    ema_decay: float = 0.999
+    """EMA teacher update after every optimizer step: ema = ema_decay · ema + (1 - ema_decay) · student; in [0, 1)."""
+    distill_temperature: float = 1.0
+    """Temperature T of the distillation KL (both distributions softened by T, the KL scaled by T²); > 0."""
 
 
 @dataclass(frozen=True)
@@ -486,6 +498,22 @@ def config_errors(cfg: TrialConfig) -> list[str]:
         check("recipe.dense_targets backbone.pretrained", lambda: b.pretrained is None,
               "needs a random-init backbone (backbone.pretrained=None): the state classes extend the vocabulary")
     at_least("train.keep_checkpoints", 1)
+    one_of("recipe.distill", DISTILL_MODES)
+    check("recipe.ema_decay", lambda: 0.0 <= r.ema_decay < 1.0, f"must be in [0, 1), got {r.ema_decay}")
+    check("recipe.distill_temperature", lambda: r.distill_temperature > 0,
+          f"must be > 0, got {r.distill_temperature}")
+    if r.distill in DISTILL_MODES[1:]:
+        check("recipe.targets recipe.distill", lambda: r.targets == "final",
+              f"{r.targets!r} with recipe.distill={r.distill!r}: prefix self-distillation labels only final answers, "
+              f"so it needs 'final' (iterations before c·k >= d get the teacher's KL instead)")
+        check("recipe.dense_targets recipe.distill", lambda: not r.dense_targets,
+              "must be false with recipe.distill (dense targets label every prefix; PSD labels final answers only)")
+        from par_ray.tasks import TASKS  # local: keeps config importable without torch at import time
+
+        check("recipe.distill task.name", lambda: t.name not in TASKS or TASKS[t.name].op_width is not None,
+              lambda: (f"task {t.name!r} has no serial [BOS, ops, SEP, queries] prompt, so the distillation teacher's "
+                       f"truncated prompt is undefined; recipe.distill needs one of "
+                       f"{[n for n, task in TASKS.items() if task.op_width is not None]}"))
     halting_fields = {"recipe.halt_weight", "recipe.ops_per_iteration", "eval.halt_k", "eval.halt_n", "eval.halt_tau",
                       "eval.halt_max_iterations", "eval.depths", "train.steps", "train.strategy", "stages"}
     if not bad & halting_fields:  # its checks compare values, so they need the right types

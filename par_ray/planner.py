@@ -81,6 +81,12 @@ optimizer step has its own temporaries:
         sqrt(v) and sqrt(v)/c per parameter while the previous parameter's denominator is still referenced, so
         4 · max over consecutive parameters of (n_prev + 2n).
 
+Prefix self-distillation with an EMA teacher (``par_ray.distill``; ``ema=True``) adds the teacher's float32 copy,
+resident for the whole trial: 4Ψ/N bytes per GPU where it is sharded like the student (fsdp), 4Ψ where it is a full
+copy on every rank (ddp, and deepspeed at every ZeRO stage: ``strategies.deepspeed`` does not partition it). The
+teacher's no-grad forwards (and, under fsdp, its one gathered unit at a time) run before the student's forward and
+are freed before it, so they add no peak of their own beyond that; a live teacher adds nothing.
+
 GPU capacity is the product's decimal figure (80 GB = 80e9 bytes; an H100 80GB has 85.5e9, an H200 150.7e9), which
 leaves the CUDA context, NCCL buffers and allocator fragmentation some room. ``benchmarks/bench_memory.py`` compares
 the fp32 plan with the measured peak of real training steps on CPU (within 1 % on the tiny shapes and on
@@ -280,15 +286,17 @@ class MemoryPlan:
     """Communication buckets (DDP reducer, DeepSpeed reduce/all-gather buckets), resident."""
     host: int
     """Host (CPU) memory per rank for offloaded optimizer state and gradients."""
+    teacher: int = 0
+    """The EMA teacher of prefix self-distillation: float32, sharded under fsdp, a full copy otherwise (0 without)."""
 
     @property
     def backward_peak(self) -> int:
-        return self.params + self.optimizer + self.buffers + self.activations + self.backward_grads \
+        return self.params + self.teacher + self.optimizer + self.buffers + self.activations + self.backward_grads \
             + self.backward_workspace
 
     @property
     def step_peak(self) -> int:
-        return self.params + self.optimizer + self.buffers + self.grads + self.step_workspace
+        return self.params + self.teacher + self.optimizer + self.buffers + self.grads + self.step_workspace
 
     @property
     def total(self) -> int:
@@ -333,7 +341,8 @@ def _ceil_div(a: int, b: int) -> int:
 def plan(backbone: str, strategy: str, world_size: int, R: int, grad_window: int, micro_batch: int, seq_len: int,
          zero_stage: int = 2, offload: bool = False, dtype: str = "bf16", read_positions: int = 5,
          split: tuple[int, int, int] | None = None, tied: bool = True, untied_copies: int = 8,
-         anchoring: bool = True, vocab_size: int | None = None, num_layers: int | None = None) -> MemoryPlan:
+         anchoring: bool = True, vocab_size: int | None = None, num_layers: int | None = None,
+         ema: bool = False) -> MemoryPlan:
     """Per-GPU memory of one training step (formulas and sources in the module docstring).
 
     Args:
@@ -346,6 +355,7 @@ def plan(backbone: str, strategy: str, world_size: int, R: int, grad_window: int
         dtype: ``bf16`` (GPU mixed precision) or ``fp32`` (CPU).
         split, tied, untied_copies, anchoring: the LoopedLM's (prelude, core, coda) split and recipe switches.
         vocab_size, num_layers: override the backbone's (task vocabulary; shortened benchmark shapes).
+        ema: an EMA teacher (prefix self-distillation): fp32, 4Ψ/N bytes under fsdp, 4Ψ otherwise.
     Returns: a :class:`MemoryPlan` (bytes).
     Raises: ``ValueError`` naming every bad argument and its allowed values.
     """
@@ -450,7 +460,7 @@ def plan(backbone: str, strategy: str, world_size: int, R: int, grad_window: int
         dtype=dtype, world_size=N, R=R, grad_window=grad_window, micro_batch=B, seq_len=T, read_positions=Q,
         num_params=psi, params=params, grads=grads, optimizer=optimizer, activations=activations,
         backward_grads=backward_grads, backward_workspace=backward_workspace, step_workspace=step_workspace,
-        buffers=buffers, host=host,
+        buffers=buffers, host=host, teacher=(4 * local if strategy == "fsdp" else 4 * psi) if ema else 0,
     )
 
 
@@ -515,7 +525,8 @@ def format_plan(p: MemoryPlan, gpu_memory_gb: float) -> str:
         (" + offload" if p.offload else "")
     K = min(p.grad_window, p.R)
     rows = [
-        ("parameters", p.params), ("gradients", p.grads), ("optimizer state", p.optimizer),
+        ("parameters", p.params), *([("EMA teacher (fp32)", p.teacher)] if p.teacher else []),
+        ("gradients", p.grads), ("optimizer state", p.optimizer),
         (f"activations ({K} iterations stored)", p.activations),
         ("gradients at backward peak (net)", p.backward_grads),
         ("backward workspace", p.backward_workspace), ("optimizer-step workspace", p.step_workspace),

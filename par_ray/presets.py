@@ -84,13 +84,13 @@ PAPER_PARALLELISM_CANDIDATES = (
 )
 
 
-def paper_parallelism(backbone: str, task: str = "swap_s5") -> dict[str, object]:
+def paper_parallelism(backbone: str, task: str = "swap_s5", ema: bool = False) -> dict[str, object]:
     """Flat ``train.*`` overrides (strategy, workers, ZeRO stage) for ``backbone`` under the paper preset of ``task``.
 
     The first of :data:`PAPER_PARALLELISM_CANDIDATES` whose per-GPU peak (``par_ray.planner.plan``, bf16, the paper
     trial's R, gradient window, global batch split over the GPUs, the task's prompt length and read positions at
-    d_train, the checkpoint's vocabulary) fits in :data:`PAPER_HEADROOM` × :data:`PAPER_GPU_MEMORY_GB`. Raises
-    ``ValueError`` if none fits.
+    d_train, the checkpoint's vocabulary; ``ema``: plus a prefix self-distillation EMA teacher) fits in
+    :data:`PAPER_HEADROOM` × :data:`PAPER_GPU_MEMORY_GB`. Raises ``ValueError`` if none fits.
     """
     from par_ray.planner import plan
     from par_ray.tasks import get_task
@@ -102,7 +102,7 @@ def paper_parallelism(backbone: str, task: str = "swap_s5") -> dict[str, object]
     R = min(-(-t.train_depth // r.ops_per_iteration), r.max_iterations)
     for strategy, n, stage in PAPER_PARALLELISM_CANDIDATES:
         need = plan(backbone, strategy, n, R=R, grad_window=r.grad_window, micro_batch=tr.batch_size // n,
-                    seq_len=seq_len, read_positions=reads, zero_stage=stage, dtype="bf16")
+                    seq_len=seq_len, read_positions=reads, zero_stage=stage, dtype="bf16", ema=ema)
         if need.fits(PAPER_GPU_MEMORY_GB * PAPER_HEADROOM):
             return {"train.strategy": strategy, "train.num_workers": n, "train.zero_stage": stage}
     raise ValueError(f"backbone.name: {backbone!r} fits none of {PAPER_PARALLELISM_CANDIDATES} on "

@@ -19,6 +19,8 @@ A recipe is a plain function ``TrialConfig -> TrialConfig`` (torchtitan derives 
 | more_iterations | tied core, R = 2⌈d_train/c⌉ at every step and test depth, only z_d after R     |
 | rlt           | tied core, R = ⌈d/c⌉ (grows with d), only z_d after iteration R (Fan et al. 2024) |
 | cot           | explicit chain-of-thought: next-token training on the state trace, R = 1, greedy decoding |
+| psd_ema       | prefix self-distillation, final answers only, EMA teacher (decay 0.999) (§3)     |
+| psd_live      | prefix self-distillation, final answers only, the live student as teacher (§3)   |
 
 Baselines (the rows of the paper's comparison tables). Each keeps PAR's architecture (adapter, RMS anchoring, gradient
 window) and changes what R is and which iteration is supervised (``recipe.fixed_iterations``, ``recipe.supervise``):
@@ -51,6 +53,9 @@ Stage recipes change only the ``recipe`` section and keep the rest of the trial'
 continues the trial's method with one thing added (``par_ray.stages``). Halting recipes train on the hold schedule:
 the k-of-n rule reads P(Yes) at iterations past ⌈d/c⌉, which forced-depth steps never reach (they would only ever
 see Yes at k = ⌈d/c⌉).
+PSD recipes (``par_ray.distill``) label only z_d: iterations with c·k >= d get cross-entropy on it, earlier ones the
+KL to a teacher reading the prompt truncated after c·k operations; ``final_answer`` is their comparison with the same
+labels and no teacher.
 """
 
 from __future__ import annotations
@@ -108,6 +113,13 @@ def stretch(cfg: TrialConfig) -> TrialConfig:
                                                                        recipe="stretch_ramp")))
 
 
+def psd_ema(cfg: TrialConfig) -> TrialConfig:
+    return with_overrides(par(cfg), recipe=dict(name="psd_ema", targets="final", distill="ema"))
+
+
+def psd_live(cfg: TrialConfig) -> TrialConfig:
+    return with_overrides(par(cfg), recipe=dict(name="psd_live", targets="final", distill="live"))
+
 
 # Baselines (issue 12) ------------------------------------------------------------------------------------------------
 MORE_ITERATIONS_FACTOR = 2
@@ -149,7 +161,7 @@ def cot(cfg: TrialConfig) -> TrialConfig:
 RECIPES: dict[str, Callable[[TrialConfig], TrialConfig]] = {
     f.__name__: f for f in (par, par_hold, final_answer, no_anchor, untied, stretch, par_halt, par_halt_posthoc,
                             stretch_ramp, halt_readout,
-                            fixed_depth, more_iterations, rlt, cot)
+                            fixed_depth, more_iterations, rlt, cot, psd_ema, psd_live)
 }
 
 

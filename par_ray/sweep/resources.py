@@ -255,6 +255,7 @@ def _memory_estimate(cfg: TrialConfig) -> str:
     """Peak memory per GPU of one training step from ``par_ray.planner`` at the largest train depth."""
     try:
         from par_ray.halting import NUM_HALT_TOKENS
+        from par_ray.distill import uses_ema
         from par_ray.planner import plan as plan_memory
         from par_ray.stages import uses_halting
         from par_ray.tasks import get_task
@@ -275,8 +276,10 @@ def _memory_estimate(cfg: TrialConfig) -> str:
             read_positions=int(episode.read_positions.numel()) + halt, split=cfg.backbone.split, tied=rc.tied,
             untied_copies=rc.max_iterations, anchoring=rc.anchoring,
             # checkpoints keep their vocabulary; a task vocabulary gains the halting tokens (par_ray.halting)
-            vocab_size=None if cfg.backbone.pretrained else task.vocab_size + NUM_HALT_TOKENS * halt)
+            vocab_size=None if cfg.backbone.pretrained else task.vocab_size + NUM_HALT_TOKENS * halt,
+            ema=uses_ema(cfg))
     except Exception as e:  # noqa: BLE001 - the planner is optional for a dry run; say why it is missing
         return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
-    return f"{estimate.total / 1e9:.2f} GB ({estimate.peak_phase})"
+    teacher = f", EMA teacher {estimate.teacher / 1e9:.2f} GB included" if estimate.teacher else ""
+    return f"{estimate.total / 1e9:.2f} GB ({estimate.peak_phase}{teacher})"
 

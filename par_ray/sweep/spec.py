@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from par_ray import presets
 from par_ray.config import TrialConfig, from_flat
+from par_ray.distill import uses_ema
 from par_ray.model.backbones import BACKBONES
 from par_ray.recipes import RECIPES, apply_recipe
 
@@ -33,6 +34,8 @@ CELL_KEY = "cell"
 """Tune param holding one of ``SweepSpec.cells`` (a dict of flat keys; :func:`resolve` unpacks it)."""
 GRID_DIMS = ("recipe", "task.name", "backbone.name", "train.seed")
 """The grid's dimensions, each a param :func:`resolve` reads."""
+PARALLELISM_KEYS = frozenset({"train.strategy", "train.num_workers", "train.zero_stage"})
+"""Flat keys the paper preset chooses by memory (``presets.paper_parallelism``); a sweep setting one keeps its own."""
 
 Recipe = typing.Callable[[TrialConfig], TrialConfig]
 """A recipe: a function that changes fields of a base config (``par_ray.recipes``)."""
@@ -138,7 +141,9 @@ def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mappi
     Order: ``presets.preset_trial(preset, backbone, task, seed)`` → the non-recipe keys → the recipe (from
     ``RECIPES`` or ``extra_recipes``) → the ``recipe.*`` keys (so a search over ``recipe.hold_lambda`` wins over the
     recipe's value). A ``cell`` param (one of ``SweepSpec.cells``, as Tune's grid hands it over) is read as its flat
-    keys. Raises ``ValueError`` naming unknown keys / values; does not validate ranges.
+    keys. Under the paper preset a recipe with an EMA teacher gets its parallelism chosen again with the teacher
+    counted, unless the params set one of :data:`PARALLELISM_KEYS`. Raises ``ValueError`` naming unknown keys /
+    values; does not validate ranges.
     """
     params = {**{k: v for k, v in params.items() if k != CELL_KEY}, **dict(params.get(CELL_KEY) or {})}
     flat = {k: v for k, v in params.items() if k not in ("preset", "recipe")}
@@ -147,6 +152,9 @@ def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mappi
     cfg = from_flat({k: v for k, v in flat.items() if not k.startswith("recipe.")}, base=cfg)
     recipe = str(params.get("recipe", "par"))
     cfg = extra_recipes[recipe](cfg) if extra_recipes and recipe in extra_recipes else apply_recipe(cfg, recipe)
+    if params["preset"] == "paper" and uses_ema(cfg) and not PARALLELISM_KEYS & set(flat):
+        # the preset chose the parallelism without the recipe's EMA teacher (par_ray.distill): choose again with it
+        cfg = from_flat(presets.paper_parallelism(cfg.backbone.name, cfg.task.name, ema=True), base=cfg)
     return from_flat({k: v for k, v in flat.items() if k.startswith("recipe.")}, base=cfg)
 
 

@@ -36,6 +36,7 @@ import torch
 
 from par_ray.config import TrialConfig, to_flat
 from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens, extra_vocab
+from par_ray.distill import uses_ema
 from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics
 from par_ray.halting import halt_tokens, model_vocab_size
 from par_ray.model.looped import build_looped
@@ -195,7 +196,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     # task tokens (+ halting tokens) (+ the CoT trace's STEP/END)
     base_vocab = model_vocab_size(task, cfg.backbone, halting) + extra_vocab(cfg.recipe, cfg.backbone)
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=base_vocab + dense_classes(task, cfg.recipe))
-    engine = prepare(model, tc, world)
+    engine = prepare(model, tc, world, ema=uses_ema(cfg))  # the PSD EMA teacher, if a stage distills from one
 
     flat = to_flat(cfg)
     start, train_seconds, last_eval = 0, 0.0, {}
@@ -227,7 +228,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
             plan = plan_step(cfg.task, stage.recipe, tc.seed, step, stretch_max=s_max)
             check_lockstep(engine, step, plan.depth, plan.R)
         res = train_step(engine, train_task, cfg.task, stage.recipe, tc.seed, step, tc.batch_size, world.rank,
-                         world.size, halt=halt, stretch_max=s_max, frozen=frozen, dense_offset=base_vocab)
+                         world.size, halt=halt, stretch_max=s_max, frozen=frozen, dense_offset=base_vocab,
+                         op_order=cfg.task.op_order)
         if not math.isfinite(res.loss):
             # This rank's loss: non-finite parameters make every rank's loss non-finite at the same step; a rank
             # that alone sees it raises, and Ray Train stops the whole worker group.

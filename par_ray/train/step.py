@@ -8,6 +8,10 @@ step the optimizer.
 With ``recipe_cfg.halting`` the prompts get the halting query token appended (``par_ray.halting``) and the loss is the
 joint PAR + ``halt_weight`` × class-balanced halting cross-entropy. A stage's frozen parameters have their gradients
 dropped before the optimizer step (``par_ray.stages``).
+
+With ``recipe_cfg.distill`` (prefix self-distillation, ``par_ray.distill``) only the final answers are labelled:
+iterations with c·k >= d get cross-entropy on z_d, earlier ones the KL to the teacher reading the prompt truncated
+after c·k operations; the engine's EMA teacher (if any) is updated after the optimizer step.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from par_ray.distill import psd_loss, teacher_logits
 from par_ray.halting import HaltTokens, with_halt_query, yes_no_logits
 from par_ray.objectives import dense_progress_loss, fixed_point_loss, halting_loss, par_loss
 from par_ray.schedules import StepPlan, plan_step
@@ -45,7 +50,8 @@ class StepResult:
 
 def train_step(engine, task, task_cfg, recipe_cfg, seed: int, step: int, global_batch: int, rank: int = 0,
                world_size: int = 1, *, halt: HaltTokens | None = None, stretch_max: float | None = None,
-               frozen: list[torch.nn.Parameter] | tuple = (), dense_offset: int | None = None) -> StepResult:
+               frozen: list[torch.nn.Parameter] | tuple = (), dense_offset: int | None = None,
+               op_order: str = "forward") -> StepResult:
     """Run training step ``step`` on this rank's shard of the global batch.
 
     The global batch of step ``step`` is a pure function of (task, d, seed, step); rank r takes rows r::world_size,
@@ -58,6 +64,8 @@ def train_step(engine, task, task_cfg, recipe_cfg, seed: int, step: int, global_
         frozen: parameters whose gradients are dropped before the optimizer step (a stage's frozen parts).
         dense_offset: token id of dense state class 0 (``recipe.dense_targets``): the model vocabulary without the
             dense classes; ``None`` = ``task.vocab_size`` (no halting tokens).
+        op_order: ``TaskConfig.op_order`` of ``task``'s prompts, read by the distillation teacher's truncated prompt
+            (``recipe_cfg.distill``; the teacher is ``engine.teacher(recipe_cfg.distill)``).
     Raises:
         ValueError: ``recipe_cfg.halting`` without ``halt`` tokens.
     """
@@ -80,6 +88,11 @@ def train_step(engine, task, task_cfg, recipe_cfg, seed: int, step: int, global_
     n_read = reads_Q.shape[0]
     if recipe_cfg.dense_targets:  # one readout over the operation positions and the queries
         reads_Q = torch.cat([reads_Q, ep.op_positions.to(device)])
+    distill = getattr(recipe_cfg, "distill", "none")
+    if distill != "none":  # the teacher's targets, without gradient, before the student's forward (par_ray.distill)
+        window = range(plan.R - min(recipe_cfg.grad_window, plan.R) + 1, plan.R + 1)  # what "window" reads out
+        targets_BQV = teacher_logits(engine.teacher(distill), ids_BT, reads_Q[:n_read - int(halting)], window,
+                                     plan.depth, recipe_cfg.ops_per_iteration, task.op_width, op_order, plan.stretch)
     with engine.autocast():
         fixed_point = recipe_cfg.dense_targets and recipe_cfg.fixed_point_weight > 0
         # ``supervise``: every iteration of the gradient window (PAR) or only the last (the final-answer baselines)
@@ -87,8 +100,12 @@ def train_step(engine, task, task_cfg, recipe_cfg, seed: int, step: int, global_
                            fixed_point)
         read_logits = out.logits_KBQV[:, :, :n_read]  # the answers (+ the halting query, last)
         answer_logits = read_logits[:, :, :-1] if halting else read_logits
-        lo = par_loss(answer_logits, out.iterations, states_BDQ, recipe_cfg.ops_per_iteration, recipe_cfg.targets,
-                      ep.given)
+        if distill != "none":
+            lo = psd_loss(answer_logits, out.iterations, targets_BQV, states_BDQ, recipe_cfg.ops_per_iteration,
+                          recipe_cfg.distill_temperature)
+        else:
+            lo = par_loss(answer_logits, out.iterations, states_BDQ, recipe_cfg.ops_per_iteration,
+                          recipe_cfg.targets, ep.given)
         loss, ho = lo.loss, None
         if halting:
             ho = halting_loss(yes_no_logits(read_logits[:, :, -1], halt), out.iterations, plan.depth,
@@ -108,6 +125,7 @@ def train_step(engine, task, task_cfg, recipe_cfg, seed: int, step: int, global_
     for p in frozen:  # AdamW skips parameters without a gradient: no update, no momentum, no weight decay
         p.grad = None
     grad_norm = engine.step()
+    engine.update_ema(getattr(recipe_cfg, "ema_decay", 0.0))  # a no-op unless the engine keeps an EMA teacher
     return StepResult(
         plan=plan,
         loss=loss.item(),

@@ -19,6 +19,20 @@ Every rank reports its own checkpoint directory; Ray Train V2 merges them into o
 collide: DCP and DeepSpeed name files by rank, and only rank 0 writes the rest). ``extra.json`` (step, time) is
 written by rank 0 for every strategy.
 
+EMA teacher (prefix self-distillation, ``par_ray.distill``): with ``prepare(..., ema=True)`` the engine also holds
+``engine.ema``, a float32 copy of the student made before wrapping and kept outside the wrapper (no gradients, not in
+the optimizer), updated after every optimizer step by ``engine.update_ema(decay)`` and saved in every checkpoint:
+
+=========  ======================================================  =============================================
+strategy   EMA teacher                                             in the checkpoint
+=========  ======================================================  =============================================
+ddp        a full fp32 copy per rank (replicated, as the student)   ``state.pt["ema"]``
+fsdp       FSDP2-sharded like the student (same units, same mesh;  ``"ema"`` in the same DCP checkpoint
+           each unit re-sharded after its forward)                 (reshards onto any world size)
+deepspeed  a full fp32 copy per rank, NOT sharded under ZeRO-3     rank 0: ``ema.pt`` (full copy)
+           (the update gathers each student parameter in turn)
+=========  ======================================================  =============================================
+
 Devices and precision: on GPU, bf16 (autocast for ddp/fsdp, FSDP2 keeps bf16 unsharded params and fp32 gradient
 reduction; DeepSpeed's own ``bf16`` mode) with NCCL; on CPU, float32 with gloo (bf16 autocast on CPU is slow and
 changes the numbers the CPU parity tests compare). What each backend cannot do on CPU is said where it is handled
@@ -28,6 +42,7 @@ and in ``docs/distributed.md``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -37,6 +52,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from par_ray.distill import Teacher, ema_update_
 
 ADAM_BETAS = (0.9, 0.95)
 ADAM_EPS = 1e-8
@@ -106,11 +123,15 @@ class Engine:
         raw: the unwrapped ``LoopedLM`` (inspection; under FSDP/ZeRO-3 its parameters are shards, so evaluation
             goes through ``model``).
         device: where inputs go.
+        ema: the EMA teacher of prefix self-distillation (float32, outside the wrapper; module docstring), or
+            ``None`` when the engine was prepared without one.
     """
 
-    def __init__(self, model: nn.Module, raw: nn.Module, optimizer, scheduler, train_cfg, world: World):
+    def __init__(self, model: nn.Module, raw: nn.Module, optimizer, scheduler, train_cfg, world: World,
+                 ema: nn.Module | None = None):
         self.model, self.raw, self.optimizer, self.scheduler = model, raw, optimizer, scheduler
         self.train_cfg, self.world, self.device = train_cfg, world, world.device
+        self.ema = ema
 
     def autocast(self):
         """bf16 autocast on CUDA, nothing on CPU."""
@@ -137,6 +158,49 @@ class Engine:
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
 
+    # Prefix self-distillation teacher (par_ray.distill)
+    def teacher(self, kind: str) -> Teacher | None:
+        """The PSD teacher for ``RecipeConfig.distill`` = ``kind``: ``None`` for ``none``; for ``ema`` the EMA copy,
+        for ``live`` the student itself. Either runs under ``torch.no_grad`` (its logits are constants) and returns
+        the (B, Q, V) logits of iteration R. Raises ``ValueError`` for an unknown kind, or ``ema`` on an engine
+        prepared without one."""
+        if kind == "none":
+            return None
+        if kind not in ("ema", "live"):
+            raise ValueError(f"recipe.distill: {kind!r} is not one of ['none', 'ema', 'live']")
+        if kind == "ema" and self.ema is None:
+            raise ValueError("recipe.distill: 'ema' needs an engine prepared with ema=True (prepare(..., ema=True))")
+        module = self.ema if kind == "ema" else self._live_module()
+
+        def run(input_ids_BT: torch.Tensor, read_positions_Q: torch.Tensor, R: int, stretch: float) -> torch.Tensor:
+            with torch.no_grad(), self._teacher_autocast(kind):
+                return module(input_ids_BT, read_positions_Q, R, None, stretch, "last").logits_KBQV[0]
+
+        return run
+
+    def _live_module(self) -> nn.Module:
+        """The student as a no-grad teacher: the plain module (a DDP replica needs no hooks or buffer broadcast for
+        a forward without backward; FSDP2's ``raw`` is the sharded module itself)."""
+        return self.raw
+
+    def _teacher_autocast(self, kind: str):
+        return self.autocast()
+
+    def _ema_pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(EMA tensors, student tensors) to update, matched by parameter name; local shards of FSDP2 DTensors."""
+        def local(t: torch.Tensor) -> torch.Tensor:
+            return t.to_local() if hasattr(t, "to_local") else t
+
+        student = dict(self.raw.named_parameters())
+        names = [n for n, _ in self.ema.named_parameters()]
+        return [local(p) for _, p in self.ema.named_parameters()], [local(student[n]) for n in names]
+
+    def update_ema(self, decay: float) -> None:
+        """After an optimizer step: ema ← decay · ema + (1 − decay) · student (``par_ray.distill.ema_update_``);
+        nothing without an EMA teacher. Every rank calls it after every step."""
+        if self.ema is not None:
+            ema_update_(*self._ema_pairs(), decay)
+
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum ``t`` over ranks in place (identity on one rank). Every rank must call it at the same point."""
         if self.world.is_distributed:
@@ -147,8 +211,11 @@ class Engine:
     def save(self, directory: str, extra: dict) -> None:
         """Write model + optimizer + scheduler state and ``extra`` (JSON) into ``directory``. Called on every rank."""
         if self.world.rank == 0:  # DDP replicas are identical: one full copy is the checkpoint
-            torch.save({"model": self.raw.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict()}, os.path.join(directory, "state.pt"))
+            state = {"model": self.raw.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     "scheduler": self.scheduler.state_dict()}
+            if self.ema is not None:
+                state["ema"] = self.ema.state_dict()
+            torch.save(state, os.path.join(directory, "state.pt"))
         write_extra(directory, extra, self.world)
 
     def load(self, directory: str) -> dict:
@@ -157,20 +224,40 @@ class Engine:
         self.raw.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None:
+            self.ema.load_state_dict(_ema_state(state.get("ema"), directory))
         return read_extra(directory)
+
+
+def _ema_state(state: dict | None, directory: str) -> dict:
+    """The checkpoint's EMA teacher state; ``ValueError`` when a run with an EMA teacher resumes one without it."""
+    if state is None:
+        raise ValueError(f"{directory}: the checkpoint holds no EMA teacher, but this run distills from one "
+                         f"(recipe.distill='ema'); resume it under the config that wrote it")
+    return state
+
+
+def _ema_copy(model: nn.Module) -> nn.Module:
+    """A float32 copy of ``model`` (made before any wrapping) that never gets gradients: the EMA teacher's start,
+    equal to the student at step 0."""
+    ema = copy.deepcopy(model).float()
+    ema.requires_grad_(False)
+    return ema
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # DDP
 
 
-def ddp(model: nn.Module, train_cfg, world: World) -> Engine:
+def ddp(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine:
     """DistributedDataParallel (plain module on one rank).
 
     Iterations before the gradient window run under ``no_grad``, so DDP's hooks only see the window. The untied
-    baseline leaves core copies past R unused in a step, hence ``find_unused_parameters`` for it.
+    baseline leaves core copies past R unused in a step, hence ``find_unused_parameters`` for it. ``ema``: also keep
+    an EMA teacher, a full float32 copy on every rank (the replicas' updates are identical, like the student's).
     """
     model = model.to(world.device)
+    teacher = _ema_copy(model) if ema else None
     wrapped = model
     if world.is_distributed:
         wrapped = nn.parallel.DistributedDataParallel(
@@ -178,7 +265,7 @@ def ddp(model: nn.Module, train_cfg, world: World) -> Engine:
             find_unused_parameters=not getattr(model, "tied", True),
         )
     opt = _adamw(model.parameters(), train_cfg)
-    return Engine(wrapped, model, opt, _scheduler(opt, train_cfg), train_cfg, world)
+    return Engine(wrapped, model, opt, _scheduler(opt, train_cfg), train_cfg, world, teacher)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -199,10 +286,13 @@ class FSDPEngine(Engine):
         onto another world size.
         """
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=directory)
+        state = {"model": model_sd, "optimizer": optim_sd}
+        if self.ema is not None:  # the EMA teacher's shards, in the same DCP checkpoint
+            state["ema"] = get_model_state_dict(self.ema)
+        dcp.save(state, checkpoint_id=directory)
         if self.world.rank == 0:
             torch.save(self.scheduler.state_dict(), os.path.join(directory, "scheduler.pt"))
         write_extra(directory, extra, self.world)
@@ -210,17 +300,22 @@ class FSDPEngine(Engine):
     def load(self, directory: str) -> dict:
         """Load into this run's sharding, whatever the world size that wrote the checkpoint (DCP reshards)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                             set_model_state_dict, set_state_dict)
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)  # templates in this run's sharding
         state = {"model": model_sd, "optimizer": optim_sd}
+        if self.ema is not None:
+            state["ema"] = get_model_state_dict(self.ema)
         dcp.load(state, checkpoint_id=directory)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        if self.ema is not None:
+            set_model_state_dict(self.ema, state["ema"])
         self.scheduler.load_state_dict(torch.load(os.path.join(directory, "scheduler.pt"), weights_only=True))
         return read_extra(directory)
 
 
-def fsdp(model: nn.Module, train_cfg, world: World) -> Engine:
+def fsdp(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine:
     """FSDP2 (``torch.distributed.fsdp.fully_shard``), applied by hand: Ray's ``prepare_model(parallel_strategy=
     "fsdp")`` refuses CPU, and we want to choose the units.
 
@@ -240,11 +335,17 @@ def fsdp(model: nn.Module, train_cfg, world: World) -> Engine:
        group; untied (Qwen2.5-7B) they are sharded as two units of their own;
     4. the root (final norm, and whatever is left).
 
+    ``ema``: an EMA teacher (a float32 copy made before sharding) is sharded over the same units and mesh, so each
+    rank holds 1/N of it; its units and its root re-shard after every forward (it never runs backward, and FSDP2
+    does not gather a unit again while it is unsharded, so a unit left gathered would keep serving the values of
+    before the next EMA update).
+
     Without a process group (Ray Train local mode) the model is left plain: same optimizer, same DCP checkpoints.
     With one rank in a process group (a 2-worker checkpoint resumed on 1 worker) FSDP runs on a 1-rank mesh.
     On GPU, parameters are all-gathered in bf16 and gradients reduced in fp32 (``MixedPrecisionPolicy``).
     """
     model = model.to(world.device)
+    teacher = _ema_copy(model) if ema else None
     if world.has_process_group:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -253,21 +354,29 @@ def fsdp(model: nn.Module, train_cfg, world: World) -> Engine:
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if world.device.type == "cuda" else MixedPrecisionPolicy())
 
-        def shard(module: nn.Module, reused: bool) -> None:
-            fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=not reused)
+        def shard_units(root: nn.Module, keep_reused: bool) -> None:
+            """Steps 1-4 below on ``root``; ``keep_reused``: reused units stay gathered through the forward."""
+            def shard(module: nn.Module, reused: bool) -> None:
+                fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=not (reused and keep_reused))
 
-        for layer in model.prelude:
-            shard(layer, reused=False)
-        for layers in (model.core, model.coda, *model.untied):
-            for layer in layers:
-                shard(layer, reused=True)
-        shard(model.adapter, reused=True)
-        if model.lm_head.weight is not model.embed_tokens.weight:
-            shard(model.embed_tokens, reused=False)
-            shard(model.lm_head, reused=True)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+            for layer in root.prelude:
+                shard(layer, reused=False)
+            for layers in (root.core, root.coda, *root.untied):
+                for layer in layers:
+                    shard(layer, reused=True)
+            shard(root.adapter, reused=True)
+            if root.lm_head.weight is not root.embed_tokens.weight:
+                shard(root.embed_tokens, reused=False)
+                shard(root.lm_head, reused=True)
+            # the root: left gathered after its forward by default (backward needs it at once); the EMA teacher's
+            # root must re-shard like its units, else its next forward reads the values of before the EMA update
+            fully_shard(root, mesh=mesh, mp_policy=mp, **({} if keep_reused else {"reshard_after_forward": True}))
+
+        shard_units(model, keep_reused=True)
+        if teacher is not None:
+            shard_units(teacher, keep_reused=False)
     opt = _adamw(model.parameters(), train_cfg)  # after fully_shard: the optimizer holds the DTensor shards
-    return FSDPEngine(model, model, opt, _scheduler(opt, train_cfg), train_cfg, world)
+    return FSDPEngine(model, model, opt, _scheduler(opt, train_cfg), train_cfg, world, teacher)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -293,11 +402,40 @@ class DeepSpeedEngine(Engine):
     def lr(self) -> float:
         return self.model.get_lr()[0]
 
+    def _live_module(self) -> nn.Module:
+        return self.model  # the DeepSpeed engine: ZeRO-3 gathers the partitioned parameters in its forward
+
+    def _teacher_autocast(self, kind: str):
+        # The float32 EMA copy is not DeepSpeed's bf16 module: on GPU it runs under bf16 autocast like ddp/fsdp.
+        if kind == "ema" and self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def update_ema(self, decay: float) -> None:
+        """As :meth:`Engine.update_ema`, reading the module's parameters (bf16 on GPU: DeepSpeed copies its fp32
+        master weights into them after each step, so the EMA averages bf16-rounded weights there; fp32 on CPU).
+        Under ZeRO-3 each student parameter is gathered in turn (a collective per parameter, on every rank) to
+        update the full EMA copy."""
+        if self.ema is None:
+            return
+        ema, student = dict(self.ema.named_parameters()), list(self.raw.named_parameters())
+        if self.train_cfg.zero_stage != 3:
+            ema_update_([ema[n] for n, _ in student], [p for _, p in student], decay)
+            return
+        import deepspeed as ds
+
+        for name, p in student:
+            with ds.zero.GatheredParameters([p], modifier_rank=None):
+                ema_update_([ema[name]], [p], decay)
+
     def save(self, directory: str, extra: dict) -> None:
         """``save_checkpoint`` on every rank: rank r writes its ZeRO partitions (``zero_pp_rank_{r}_*``), rank 0 the
         module states (ZeRO 1/2) and the ``latest`` tag. Resuming needs the same world size (DeepSpeed's own
-        checkpoints; its universal-checkpoint conversion is not wired in here)."""
+        checkpoints; its universal-checkpoint conversion is not wired in here). Rank 0 also writes the EMA teacher's
+        full copy, ``ema.pt``."""
         self.model.save_checkpoint(directory, tag="ds")
+        if self.ema is not None and self.world.rank == 0:
+            torch.save(self.ema.state_dict(), os.path.join(directory, "ema.pt"))
         write_extra(directory, extra, self.world)
 
     def load(self, directory: str) -> dict:
@@ -305,6 +443,10 @@ class DeepSpeedEngine(Engine):
                                              load_lr_scheduler_states=True)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
+        if self.ema is not None:
+            file = os.path.join(directory, "ema.pt")
+            state = torch.load(file, map_location=self.device, weights_only=True) if os.path.isfile(file) else None
+            self.ema.load_state_dict(_ema_state(state, directory))
         return read_extra(directory)
 
 
@@ -346,13 +488,16 @@ _deepspeed_local_runs = 0
 """DeepSpeed runs in this process that made their own one-rank group (see :func:`deepspeed`)."""
 
 
-def deepspeed(model: nn.Module, train_cfg, world: World) -> Engine:
+def deepspeed(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine:
     """DeepSpeed ZeRO stage ``train_cfg.zero_stage`` (1, 2, 3), optimizer offload to CPU with ``zero_offload``.
 
     DeepSpeed needs a process group: inside Ray Train it adopts Ray's (``init_distributed`` sees torch.distributed
     initialised and wraps it, gloo on CPU, NCCL on GPU); in Train's local mode (no group) we start a one-rank gloo
     group in this process. On CPU, DeepSpeed JIT-compiles C++ ops on first use (``deepspeed_shm_comm``, and
     ``cpu_adam`` for offload), cached under ``TORCH_EXTENSIONS_DIR`` (see :func:`build_deepspeed_ops`).
+
+    ``ema``: an EMA teacher, a full float32 copy on every rank made before ``deepspeed.initialize`` (not partitioned
+    under ZeRO-3: 4 bytes × Ψ per GPU, which ``par_ray.planner`` counts).
     """
     if not getattr(model, "tied", True):
         # The untied baseline runs only min(R, copies) core copies per step. torch's AdamW skips parameters without a
@@ -380,6 +525,7 @@ def deepspeed(model: nn.Module, train_cfg, world: World) -> Engine:
     # the same process from trying DeepSpeed's MPI discovery: its backend object outlives the first group.)
     ds.init_distributed(dist_backend="nccl" if world.device.type == "cuda" else "gloo", dist_init_required=False)
     model = model.to(world.device)
+    teacher = _ema_copy(model) if ema else None
     engine, optimizer, _, scheduler = ds.initialize(
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
@@ -387,7 +533,7 @@ def deepspeed(model: nn.Module, train_cfg, world: World) -> Engine:
                                                       default=0)),
         lr_scheduler=lambda opt: _scheduler(opt, train_cfg),
     )
-    return DeepSpeedEngine(engine, model, optimizer, scheduler, train_cfg, world)
+    return DeepSpeedEngine(engine, model, optimizer, scheduler, train_cfg, world, teacher)
 
 
 def build_deepspeed_ops() -> None:
@@ -409,11 +555,13 @@ def build_deepspeed_ops() -> None:
 
 # --------------------------------------------------------------------------------------------------------------------
 
-STRATEGIES: dict[str, Callable[[nn.Module, object, World], Engine]] = {"ddp": ddp, "fsdp": fsdp, "deepspeed": deepspeed}
+STRATEGIES: dict[str, Callable[..., Engine]] = {"ddp": ddp, "fsdp": fsdp, "deepspeed": deepspeed}
+"""Strategy name → ``(model, train_cfg, world, ema=False) -> Engine``."""
 
 
-def prepare(model: nn.Module, train_cfg, world: World) -> Engine:
-    """Wrap ``model`` with ``train_cfg.strategy``; ``ValueError`` naming ``train.strategy`` if unknown."""
+def prepare(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine:
+    """Wrap ``model`` with ``train_cfg.strategy``; ``ema``: also keep an EMA teacher (``Engine.ema``, module
+    docstring). ``ValueError`` naming ``train.strategy`` if unknown."""
     if train_cfg.strategy not in STRATEGIES:
         raise ValueError(f"train.strategy: {train_cfg.strategy!r} is not one of {sorted(STRATEGIES)}")
-    return STRATEGIES[train_cfg.strategy](model, train_cfg, world)
+    return STRATEGIES[train_cfg.strategy](model, train_cfg, world, ema=ema)

@@ -1,0 +1,66 @@
+"""Prefix self-distillation on 2 CPU Ray Train workers: FSDP2, with the EMA teacher sharded over the same units as
+the student and checkpointed with it, matches the single-process loss curve and final metrics (the pattern of
+tests/test_halting_ray.py; ddp keeps a replicated copy, the single-process path that tests/test_distill.py covers)."""
+
+import math
+
+import pytest
+import torch
+
+from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, with_overrides
+from par_ray.recipes import apply_recipe
+from par_ray.train import loop
+from par_ray.train.trainer import MetricsLog, build_trainer, local_ray
+
+pytestmark = pytest.mark.ray
+
+STEPS = 6
+LOSS_ATOL = 1e-4  # as tests/test_halting_ray.py: float32 reduction order, far below any real bug
+TIMING = ("step_time_s", "tokens_per_s", "peak_memory_mb", "train_seconds")
+
+
+def trial(**train) -> TrialConfig:
+    train = {"num_workers": 2, "checkpoint_every": 3, "threads_per_worker": 1, **train}
+    base = TrialConfig(
+        task=TaskConfig(name="s5", train_depth=4),
+        recipe=RecipeConfig(grad_window=3, max_iterations=8),
+        train=TrainConfig(steps=STEPS, batch_size=8, warmup_steps=2, lr=1e-2, report_every=1, eval_every=100,
+                          **train),
+        eval=EvalConfig(depths=(4, 8), num_sequences=16, batch_size=8),
+    )
+    # decay 0.5: the teacher moves a lot each step, so a wrong EMA update or a stale gathered shard shows in the loss
+    return with_overrides(apply_recipe(base, "psd_ema"), recipe={"ema_decay": 0.5}).validate()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    reports = []
+    report = loop.ray.train.report
+
+    def spy(metrics, checkpoint=None):
+        reports.append(dict(metrics))
+        report(metrics, checkpoint=checkpoint)
+
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop.ray.train, "report", spy)
+        build_trainer(trial(num_workers=1), "reference", str(tmp_path_factory.mktemp("reference")), local=True).fit()
+    torch.set_num_threads(threads)
+    return reports
+
+
+def test_two_fsdp_workers_match_single_process(reference, tmp_path):
+    with local_ray(num_cpus=4, log_to_driver=False):
+        log = MetricsLog(str(tmp_path / "run.jsonl"))
+        result = build_trainer(trial(strategy="fsdp"), "run", str(tmp_path / "ray"), max_failures=0,
+                               callbacks=[log]).fit()
+    got = {r["metrics"]["step"]: r["metrics"] for r in log.read() if "metrics" in r}
+    want = {r["step"]: r for r in reference}
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert len({round(want[s]["loss"], 6) for s in want}) > 1  # the curve moves
+    for s in got:
+        assert got[s]["loss"] == pytest.approx(want[s]["loss"], abs=LOSS_ATOL), s
+    final_want = reference[-1]
+    keys = sorted(k for k in final_want if k not in TIMING)
+    for k in keys:
+        assert math.isclose(result.metrics[k], final_want[k], abs_tol=LOSS_ATOL), f"{k}: {result.metrics[k]}"
