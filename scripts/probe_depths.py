@@ -10,7 +10,8 @@ line separates the two failures of docs/experiments.md, experiment 5: *prompt le
 k <= d_train / c already fail on the longer prompt) and *iteration count* (they hold, iterations past them do not).
 For models trained with dense progress targets it also reports the frontier after each iteration (the longest
 prefix of operation positions whose whole state is read right in >= 90 % of sequences) and its speed in operations
-per iteration (least-squares slope while the frontier advances, up to its first maximum).
+per iteration (least-squares slope while the frontier advances, up to its first maximum). ``--slack 1,1.5,2`` adds
+full-state accuracy with f × ⌈d/c⌉ iterations (test-time slack; docs/experiments.md, experiment 9).
 """
 
 import argparse
@@ -29,6 +30,10 @@ def main() -> None:
     p.add_argument("--max-depth", type=int, default=32)
     p.add_argument("--iteration-depth", type=int, default=16)
     p.add_argument("-n", type=int, default=256)
+    p.add_argument("--slack", default="",
+                   help="comma-separated factors f (e.g. 1,1.5,2,3): also print full-state accuracy after R = f·⌈d/c⌉ "
+                        "iterations at depths d_train × 1, 2, 3, 4, 6, 8 (test-time slack: does the model compute "
+                        "the right answer with more iterations than operations?)")
     args = p.parse_args()
     trained = load_trained(args.run)
     cfg, model = trained.config, trained.model
@@ -61,6 +66,18 @@ def main() -> None:
             print("frontier: " + " ".join(f"{f:>4}" for f in frontier))
             print(f"frontier speed: {frontier_speed(frontier):.2f} operations per iteration (c = {c})")
             print(frontier_diagnosis(frontier, cfg.task.train_depth, c, d))
+        if args.slack:
+            factors = [float(f) for f in args.slack.split(",")]
+            print(f"\ntest-time slack: full-state accuracy after R = f × ceil(d/c) iterations ({args.n} sequences)")
+            print("depth " + " ".join(f"{f'f={f:g}':>7}" for f in factors))
+            for m in (1, 2, 3, 4, 6, 8):
+                d = m * cfg.task.train_depth
+                ep = task.sample(d, args.n, seed=cfg.eval.seed)
+                accs = []
+                for f in factors:
+                    out = model.iterate(ep.input_ids, ep.read_positions, max(1, round(f * -(-d // c))), read="last")
+                    accs.append((out.logits_KBQV[-1].argmax(-1) == ep.states[:, -1]).all(-1).float().mean().item())
+                print(f"{d:>5} " + " ".join(f"{a:7.3f}" for a in accs))
 
 
 def diagnosis(hits: list[float], train_depth: int, c: int, ok: float = 0.9) -> str:

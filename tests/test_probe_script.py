@@ -14,8 +14,10 @@ def test_probe_prints_depth_curve_iterations_diagnosis_and_frontier(tmp_path):
                     "--set", "recipe.dense_targets=true", "--set", "recipe.dense_pending=true", "--out", str(out)],
                    check=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     probe = subprocess.run([sys.executable, "scripts/probe_depths.py", str(out), "--max-depth", "4",
-                            "--iteration-depth", "4", "-n", "8"],
+                            "--iteration-depth", "4", "-n", "8", "--slack", "1,2"],
                            check=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     text = probe.stdout
-    for line in ("depth:", "accuracy:", "does iteration k hold", "diagnosis:", "frontier:", "frontier speed:"):
+    for line in ("depth:", "accuracy:", "does iteration k hold", "diagnosis:", "frontier:", "frontier speed:",
+                 "test-time slack", "    f=1     f=2"):
         assert line in text, (line, text)
+    assert len([ln for ln in text.splitlines() if ln.split()[:1] == ["24"]]) == 1  # d_train 3 × 8
