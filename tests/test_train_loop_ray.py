@@ -134,6 +134,23 @@ def ddp_run(ray_cluster, ddp_dir):
     return result, [r["metrics"] for r in log if "metrics" in r]
 
 
+@ray.remote(num_cpus=1)
+def _threads_of_a_one_cpu_worker() -> tuple[int, int]:
+    import torch  # first, as a trial's unpickled function does: torch has read its thread count before the loop runs
+
+    from par_ray.train.loop import assigned_cpus
+
+    return assigned_cpus(), torch.get_num_threads()
+
+
+def test_a_cpu_worker_uses_the_cpus_ray_reserved_for_it(ray_cluster):
+    """The loop sets torch's threads to the worker's Ray reservation (train.threads_per_worker = 0): 1 for a 1-CPU
+    worker, whatever torch had already read; the driver (local mode) keeps torch's default."""
+    cpus, _ = ray.get(_threads_of_a_one_cpu_worker.remote())
+    assert cpus == 1
+    assert loop.assigned_cpus() == 0
+
+
 def test_ddp_two_workers_match_single_process(ddp_run, reference, ddp_dir):
     result, reports = ddp_run
     assert_same_curve(reports, reference)

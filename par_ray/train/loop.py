@@ -170,6 +170,21 @@ def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict
     return out
 
 
+def assigned_cpus() -> int:
+    """CPUs Ray reserved for this worker process (floored, at least 1), or 0 outside a Ray worker (local mode, the
+    driver), where torch's default thread count stands.
+
+    Ray exports ``OMP_NUM_THREADS`` = the worker's CPUs, but only once the process runs; torch may already have read
+    its thread count by then (the trial's pickled function imports it first), and Ray Train v2 runs the loop in a
+    thread of its own. A 1-CPU worker then runs 2 OpenMP threads, and two such trials side by side on 2 cores spin
+    against each other: measured 0.5-1 step/s instead of ~5 (docs/experiments.md, machine notes)."""
+    ctx = ray.get_runtime_context()
+    if ctx.worker.mode != ray.WORKER_MODE:
+        return 0
+    cpus = ctx.get_assigned_resources().get("CPU")
+    return max(1, int(cpus)) if cpus else 0
+
+
 def train_loop_per_worker(loop_config: dict) -> None:
     """Ray Train worker function. ``loop_config = {"trial": TrialConfig, "export_dir": str | None}``.
 
@@ -181,8 +196,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
     ctx = ray.train.get_context()  # ray
     world = World(rank=ctx.get_world_rank(), size=ctx.get_world_size(),
                   device=ray.train.torch.get_device() if tc.use_gpu else torch.device("cpu"))  # ray
-    if tc.threads_per_worker:
-        torch.set_num_threads(tc.threads_per_worker)
+    threads = tc.threads_per_worker or (0 if tc.use_gpu else assigned_cpus())
+    if threads:
+        torch.set_num_threads(threads)
     log = _Printer() if world.rank == 0 else _Silent()
 
     task = build_task(cfg.task)  # evaluation prompts
