@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import typing
 
 from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, cluster_capacity, cluster_has_gpu,
@@ -56,6 +57,28 @@ def _trial_driver(params: dict, train_storage: str, train_max_failures: int,
                             callbacks=[TuneReportCallback(), _failure_lines(f"{name} ({trial_label(cfg)})")],
                             checkpoint_score=checkpoint_score, log_level="WARNING")
     trainer.fit()
+    _wait_for_tune_to_take_the_last_report()
+
+
+def _wait_for_tune_to_take_the_last_report(timeout_s: float = 60.0) -> None:
+    """Return from the trial function only once Tune's trial actor has taken the last Train report.
+
+    Ray 2.60: ``TuneReportCallback`` hands each report to the trial actor through a one-slot queue that the actor's
+    main thread polls. If the function returns while the last report still sits there, the function's own
+    end-of-training result fills the actor's one-slot result queue first, and the main thread then blocks forever
+    putting that report behind it (seen as a smoke sweep whose trials all finished and whose driver never returned).
+    Waiting until the queue is empty, then a moment for the main thread to pass the report on, closes that window.
+    """
+    from ray.train._internal.session import get_session
+
+    session = get_session()
+    queue = getattr(session, "_inter_actor_queue", None) if session else None
+    if queue is None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while not queue.empty() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
 
 
 def _failure_lines(trial: str):
