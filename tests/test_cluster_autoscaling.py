@@ -39,7 +39,11 @@ from par_ray import tracking
 from par_ray.tracking import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.ray
+# ~10 minutes on 2 cores (a 4-trial sweep on a fake autoscaling cluster, then a node-loss resume): past CI's budget
+# with the rest of the suite, so CI skips them; PAR_RAY_FULL=1 runs them (passed on their own in session 5: 367 s).
+pytestmark = [pytest.mark.ray, pytest.mark.slow,
+              pytest.mark.skipif(os.environ.get("PAR_RAY_FULL") != "1",
+                                 reason="multi-node autoscaling tests (~10 min): set PAR_RAY_FULL=1 to run them")]
 
 SWEEP_TIMEOUT_S = 600
 """Bound on one sweep (seconds); a smoke sweep takes 1-2 minutes on 2 busy cores."""
