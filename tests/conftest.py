@@ -33,6 +33,35 @@ def sweep_runs():
     return _sweep_runs
 
 
+def _local_reports(cfg, storage_path: str) -> list[dict]:
+    """Every report's metrics, in order, of ``cfg`` trained by the real worker function in Ray Train's local mode
+    (this process, no workers, no Ray instance). Local mode runs no Ray Train callbacks, so the reports are read off
+    ``ray.train.report`` itself. The loop sets this process's torch threads; they are restored afterwards."""
+    from par_ray.train import loop
+    from par_ray.train.trainer import build_trainer
+
+    reports = []
+    report = loop.ray.train.report
+
+    def spy(metrics, checkpoint=None):
+        reports.append(dict(metrics))
+        report(metrics, checkpoint=checkpoint)
+
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop.ray.train, "report", spy)
+        build_trainer(cfg, "reference", storage_path, local=True).fit()
+    torch.set_num_threads(threads)
+    return reports
+
+
+@pytest.fixture(scope="session")
+def local_reports():
+    """``local_reports(trial_config, storage_path) -> [metrics per report]``: the single-process reference run that
+    the 2-worker strategy tests compare against."""
+    return _local_reports
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module's tests: on the shared 2-core machine two spinning OpenMP threads make the tiny
@@ -41,3 +70,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_stray_ray():
+    """Fail the module that leaves a Ray instance running (and shut it down), rather than the next module whose
+    ``ray.init`` would then fail with "called ray.init twice". Ray auto-initialises on many calls
+    (``ray.get_runtime_context()``, ``ray.get``), so a stray instance is easy to start by accident."""
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+        pytest.fail("this module left a Ray instance running (something auto-initialised Ray, or a test did not "
+                    "shut its instance down)")

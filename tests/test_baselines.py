@@ -5,6 +5,7 @@ import dataclasses
 import math
 
 import pytest
+import ray
 import torch
 from transformers import DynamicCache
 
@@ -286,6 +287,7 @@ def test_baseline_trains_through_the_loop_and_its_export_loads(recipe, tmp_path)
     result = build_trainer(cfg, f"baseline-{recipe}", storage_path=str(tmp_path / "ray"), local=True,
                            export_dir=str(tmp_path / "final")).fit()
     m = result.metrics
+    assert not ray.is_initialized()  # local mode runs in this process and must not start a Ray instance
     assert m["step"] == 3 and {f"acc_d{d}" for d in cfg.eval.depths} <= set(m)
     assert ({f"cot_tokens_d{d}" for d in cfg.eval.depths} <= set(m)) is (recipe == "cot")
     trained = load_trained(str(tmp_path / "final"))

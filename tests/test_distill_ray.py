@@ -5,11 +5,9 @@ tests/test_halting_ray.py; ddp keeps a replicated copy, the single-process path 
 import math
 
 import pytest
-import torch
 
 from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, with_overrides
 from par_ray.recipes import apply_recipe
-from par_ray.train import loop
 from par_ray.train.trainer import MetricsLog, build_trainer, local_ray
 
 pytestmark = pytest.mark.ray
@@ -33,20 +31,8 @@ def trial(**train) -> TrialConfig:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    reports = []
-    report = loop.ray.train.report
-
-    def spy(metrics, checkpoint=None):
-        reports.append(dict(metrics))
-        report(metrics, checkpoint=checkpoint)
-
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loop.ray.train, "report", spy)
-        build_trainer(trial(num_workers=1), "reference", str(tmp_path_factory.mktemp("reference")), local=True).fit()
-    torch.set_num_threads(threads)
-    return reports
+def reference(local_reports, tmp_path_factory):
+    return local_reports(trial(num_workers=1), str(tmp_path_factory.mktemp("reference")))
 
 
 def test_two_fsdp_workers_match_single_process(reference, tmp_path):

@@ -7,11 +7,9 @@ import dataclasses
 import math
 
 import pytest
-import torch
 
 from par_ray.config import EvalConfig, RecipeConfig, StageConfig, TaskConfig, TrainConfig, TrialConfig
 from par_ray.recipes import apply_recipe
-from par_ray.train import loop
 from par_ray.train.trainer import MetricsLog, build_trainer, local_ray
 
 pytestmark = pytest.mark.ray
@@ -43,20 +41,8 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    reports = []
-    report = loop.ray.train.report
-
-    def spy(metrics, checkpoint=None):
-        reports.append(dict(metrics))
-        report(metrics, checkpoint=checkpoint)
-
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loop.ray.train, "report", spy)
-        build_trainer(trial(num_workers=1), "reference", str(tmp_path_factory.mktemp("reference")), local=True).fit()
-    torch.set_num_threads(threads)
-    return reports
+def reference(local_reports, tmp_path_factory):
+    return local_reports(trial(num_workers=1), str(tmp_path_factory.mktemp("reference")))
 
 
 def fit(cfg, tmp_path, name="run", max_failures=0):

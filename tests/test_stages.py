@@ -27,20 +27,6 @@ def _trial(steps=10, stages=(StageConfig(),), **sections):
 # global step -> (stage, step in stage)
 
 
-def fit_locally(cfg: TrialConfig, tmp_path, monkeypatch) -> list[dict]:
-    """Train ``cfg`` through the one loop in Ray Train's local mode; returns every report's metrics, in order."""
-    from par_ray.train import loop
-    from par_ray.train.trainer import build_trainer
-
-    reports = []
-    report = loop.ray.train.report
-    monkeypatch.setattr(loop.ray.train, "report", lambda m, checkpoint=None: (reports.append(m),
-                                                                              report(m, checkpoint=checkpoint)))
-    build_trainer(cfg, None, str(tmp_path / "ray"), local=True).fit()
-    torch.set_num_threads(1)  # the loop set train.threads_per_worker; keep the module's one thread
-    return reports
-
-
 def test_default_is_one_stage_of_the_trial_recipe():
     cfg = TrialConfig()
     (s,) = resolve_stages(cfg)
@@ -198,7 +184,7 @@ def test_stages_flat_round_trip():
 # a default single-stage run gives the losses of the plain training step
 
 
-def test_default_single_stage_loop_matches_plain_train_step(tmp_path, monkeypatch):
+def test_default_single_stage_loop_matches_plain_train_step(tmp_path, local_reports):
     from par_ray.train.step import train_step
     from par_ray.train.strategies import World, prepare
 
@@ -206,7 +192,7 @@ def test_default_single_stage_loop_matches_plain_train_step(tmp_path, monkeypatc
                       train=TrainConfig(steps=5, batch_size=4, warmup_steps=1, threads_per_worker=1, report_every=1,
                                         eval_every=5, checkpoint_every=0),
                       eval=EvalConfig(depths=(4,), num_sequences=4, batch_size=4))
-    reports = fit_locally(cfg, tmp_path, monkeypatch)
+    reports = local_reports(cfg, str(tmp_path / "ray"))  # conftest: the loop in local mode
 
     task = build_task(cfg.task)
     torch.manual_seed(cfg.train.seed)
@@ -217,7 +203,7 @@ def test_default_single_stage_loop_matches_plain_train_step(tmp_path, monkeypatc
     assert not any(k.startswith("halt_") for k in reports[-1])
 
 
-def test_staged_loop_reports_stage_and_halting_metrics(tmp_path, monkeypatch):
+def test_staged_loop_reports_stage_and_halting_metrics(tmp_path, local_reports):
     base = TrialConfig(task=TaskConfig(train_depth=3), recipe=RecipeConfig(grad_window=2, max_iterations=8),
                        train=TrainConfig(steps=6, batch_size=4, warmup_steps=1, threads_per_worker=1, report_every=1,
                                          eval_every=3, checkpoint_every=0),
@@ -225,7 +211,7 @@ def test_staged_loop_reports_stage_and_halting_metrics(tmp_path, monkeypatch):
     cfg = dataclasses.replace(apply_recipe(base, "par_halt_posthoc"),
                               stages=(StageConfig(), StageConfig(steps=3, recipe="halt_readout",
                                                                  frozen="all_but_coda")))
-    reports = fit_locally(cfg, tmp_path, monkeypatch)
+    reports = local_reports(cfg, str(tmp_path / "ray"))  # conftest: the loop in local mode
     assert [m["stage"] for m in reports] == [0, 0, 0, 1, 1, 1]
     assert "halt_loss" not in reports[2] and "halt_acc_d3" not in reports[2]  # PAR stage: no halting yet
     last = reports[-1]

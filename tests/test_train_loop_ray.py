@@ -56,24 +56,9 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """Per-step metrics of the single-process run (local mode: this process, no workers).
-
-    Local mode runs no Ray Train callbacks, so the reports are read off ``ray.train.report`` itself.
-    """
-    reports = []
-    report = loop.ray.train.report
-
-    def spy(metrics, checkpoint=None):
-        reports.append(dict(metrics))
-        report(metrics, checkpoint=checkpoint)
-
-    threads = torch.get_num_threads()  # the local run sets this process's torch threads
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loop.ray.train, "report", spy)
-        build_trainer(trial(num_workers=1), "reference", str(tmp_path_factory.mktemp("reference")), local=True).fit()
-    torch.set_num_threads(threads)
-    return reports
+def reference(local_reports, tmp_path_factory):
+    """Per-step metrics of the single-process run (local mode: this process, no workers)."""
+    return local_reports(trial(num_workers=1), str(tmp_path_factory.mktemp("reference")))
 
 
 def fit(cfg, tmp_path, name="run", max_failures=0, callbacks=()):

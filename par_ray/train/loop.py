@@ -177,7 +177,12 @@ def assigned_cpus() -> int:
     Ray exports ``OMP_NUM_THREADS`` = the worker's CPUs, but only once the process runs; torch may already have read
     its thread count by then (the trial's pickled function imports it first), and Ray Train v2 runs the loop in a
     thread of its own. A 1-CPU worker then runs 2 OpenMP threads, and two such trials side by side on 2 cores spin
-    against each other: measured 0.5-1 step/s instead of ~5 (docs/experiments.md, machine notes)."""
+    against each other: measured 0.5-1 step/s instead of ~5 (docs/experiments.md, machine notes).
+
+    Never starts Ray: ``ray.get_runtime_context()`` auto-initialises a local Ray instance when none is connected
+    (Ray Train's local mode runs without one), which cost ~8 s and left a stray instance behind."""
+    if not ray.is_initialized():
+        return 0
     ctx = ray.get_runtime_context()
     if ctx.worker.mode != ray.WORKER_MODE:
         return 0
