@@ -233,6 +233,11 @@ class EvalConfig:
     """Window length n of the halting rule (iterations R … R+n-1)."""
     halt_tau: float = 0.5
     """Threshold tau on P(Yes), in (0, 1)."""
+    halt_rules: tuple[tuple[int, int, float], ...] = ()
+    """Extra stopping rules (k, n, tau), each read from the same halting pass as the primary rule above (no extra
+    forward cost) and logged under metric names that encode it (``par_ray.evaluation.halting_metrics``); each with k
+    in [1, n] and tau in (0, 1), none repeating another or the primary. Flat form ``"4/8/0.5,8/8/0.5"``, ``"none"``
+    for no extra rule."""
     halt_max_iterations: int = 0
     """R_max: iteration cap of halting evaluation (never halted → answered at R_max); 0 = 2 × max(depths) / c."""
 
@@ -515,7 +520,8 @@ def config_errors(cfg: TrialConfig) -> list[str]:
                        f"truncated prompt is undefined; recipe.distill needs one of "
                        f"{[n for n, task in TASKS.items() if task.op_width is not None]}"))
     halting_fields = {"recipe.halt_weight", "recipe.ops_per_iteration", "eval.halt_k", "eval.halt_n", "eval.halt_tau",
-                      "eval.halt_max_iterations", "eval.depths", "train.steps", "train.strategy", "stages"}
+                      "eval.halt_rules", "eval.halt_max_iterations", "eval.depths", "train.steps", "train.strategy",
+                      "stages"}
     if not bad & halting_fields:  # its checks compare values, so they need the right types
         errs += halting_and_stage_errors(cfg)
     return errs
@@ -574,6 +580,7 @@ def halting_and_stage_errors(cfg: TrialConfig) -> list[str]:
     check(ev.halt_n < 1 or 1 <= ev.halt_k <= ev.halt_n, "eval.halt_k",
           f"must be in [1, eval.halt_n={ev.halt_n}] (k of n), got {ev.halt_k}")
     check(0.0 < ev.halt_tau < 1.0, "eval.halt_tau", f"must be in the open interval (0, 1), got {ev.halt_tau}")
+    errs += halt_rules_errors(ev.halt_rules, (ev.halt_k, ev.halt_n, ev.halt_tau))
     if ev.depths and all(isinstance(d, int) for d in ev.depths):
         need = -(-max(ev.depths) // max(r.ops_per_iteration, 1))
         check(ev.halt_max_iterations == 0 or ev.halt_max_iterations >= need, "eval.halt_max_iterations",
@@ -614,6 +621,32 @@ def halting_and_stage_errors(cfg: TrialConfig) -> list[str]:
     elif sizes_ok:
         check(fixed == tr.steps, "stages", f"the stages' steps must add up to train.steps={tr.steps}, got {fixed}")
     return errs
+
+
+def halt_rules_errors(rules: tuple[tuple[int, int, float], ...], primary: tuple[int, int, float]) -> list[str]:
+    """Problems of ``eval.halt_rules`` as at most one ``"eval.halt_rules: ..."`` string (empty when valid).
+
+    Each rule (k, n, tau) needs n >= 1, k in [1, n] and tau in the open interval (0, 1), as the primary rule
+    ``primary`` = (eval.halt_k, eval.halt_n, eval.halt_tau) does; no rule may repeat another or the primary (their
+    metrics would share one name). Expects the declared types (the type check runs first).
+    """
+    bad = []
+    for i, (k, n, tau) in enumerate(rules):
+        why = []
+        if not 1 <= k <= n:
+            why.append(f"k={k} not in [1, n={n}]")
+        if not 0.0 < tau < 1.0:
+            why.append(f"tau={tau} not in (0, 1)")
+        if (k, n, tau) == tuple(primary):
+            why.append("repeats the primary rule eval.halt_k/halt_n/halt_tau")
+        elif (k, n, tau) in rules[:i]:
+            why.append("listed twice")
+        if why:
+            bad.append(f"{format_halt_rules(((k, n, tau),))} ({', '.join(why)})")
+    if not bad:
+        return []
+    return [f"eval.halt_rules: every rule k/n/tau needs k in [1, n] and tau in the open interval (0, 1), once each "
+            f"and not the primary rule {format_halt_rules((tuple(primary),))}; bad: {'; '.join(bad)}"]
 
 
 def _pretrained_errors(value: str) -> list[str]:
@@ -662,19 +695,52 @@ def parse_stages(text: str) -> tuple[StageConfig, ...]:
     return tuple(out)
 
 
+NO_RULES = "none"
+"""Flat text of an empty list of tuples (``eval.halt_rules`` with no extra rule): MLflow has refused empty param
+values in some versions (mlflow/mlflow#6027, #6253)."""
+
+
+def format_halt_rules(rules: typing.Iterable[typing.Iterable[typing.Any]]) -> str:
+    """``((4, 8, 0.5), (8, 8, 0.5))`` -> ``"4/8/0.5,8/8/0.5"`` (``k/n/tau`` per rule, comma-separated); ``()`` ->
+    ``"none"`` (:data:`NO_RULES`). The flat form of every tuple of tuples (``eval.halt_rules``)."""
+    text = ",".join("/".join(str(x) for x in rule) for rule in rules)
+    return text or NO_RULES
+
+
+def flat_value(value: typing.Any) -> typing.Any:
+    """One config value in its flat form: a tuple of tuples as :func:`format_halt_rules` writes it, any other tuple
+    joined by commas (``"8,16,32,64"``), a scalar unchanged. An empty tuple gives ``""``: only the field's type says
+    whether it is a list of rules (:func:`to_flat` writes those ``"none"``), and :func:`from_flat` reads ``""`` as an
+    empty list of rules too."""
+    if isinstance(value, tuple) and value and all(isinstance(v, tuple) for v in value):
+        return format_halt_rules(value)
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return value
+
+
+def _nested(hint: typing.Any) -> bool:
+    """``hint`` is a variable-length tuple of tuples, e.g. ``tuple[tuple[int, int, float], ...]``."""
+    args = typing.get_args(hint)
+    return (typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis
+            and typing.get_origin(args[0]) is tuple)
+
+
 def to_flat(cfg: TrialConfig) -> dict[str, typing.Any]:
-    """``{"task.name": "swap_s5", ..., "eval.depths": "8,16,32,64"}``: scalars only, tuples joined by commas."""
+    """``{"task.name": "swap_s5", ..., "eval.depths": "8,16,32,64", "eval.halt_rules": "4/8/0.5,8/8/0.5"}``:
+    scalars only, tuples joined by commas, tuples of tuples as ``a/b/c`` items (``"none"`` when empty)."""
     flat: dict[str, typing.Any] = {}
     for section in fields(cfg):
         sub = getattr(cfg, section.name)
         if section.name == "stages":
             flat[STAGES_KEY] = format_stages(sub)
             continue
+        hints = typing.get_type_hints(type(sub))
         for f in fields(sub):
             value = getattr(sub, f.name)
-            if isinstance(value, tuple):
-                value = ",".join(str(v) for v in value)
-            flat[f"{section.name}.{f.name}"] = value
+            if _nested(hints[f.name]) and isinstance(value, tuple):
+                value = format_halt_rules(value)
+            flat[f"{section.name}.{f.name}"] = flat_value(value)
     return flat
 
 
@@ -717,6 +783,12 @@ def _convert(raw: typing.Any, hint: typing.Any) -> typing.Any:
         if raw is None or raw == "None" or raw == "":
             return None
         return _convert(raw, next(a for a in args if a is not type(None)))
+    if origin is tuple and _nested(hint):  # "4/8/0.5,8/8/0.5" or "none" (format_halt_rules)
+        if isinstance(raw, str):
+            if raw.strip().lower() in (NO_RULES, ""):
+                return ()
+            raw = [x.strip() for x in raw.split(",")]
+        return tuple(_convert_fixed(x, args[0]) for x in raw)
     if origin is tuple:
         elem = args[0]
         if isinstance(raw, str):
@@ -745,6 +817,15 @@ def _convert(raw: typing.Any, hint: typing.Any) -> typing.Any:
     if hint is str:
         return str(raw)
     raise TypeError(f"unsupported field type {hint}")
+
+
+def _convert_fixed(raw: typing.Any, hint: typing.Any) -> tuple:
+    """One item of a tuple of tuples: ``"4/8/0.5"`` (or a sequence) as ``hint``, e.g. ``tuple[int, int, float]``."""
+    args = typing.get_args(hint)
+    items = [x.strip() for x in raw.split("/")] if isinstance(raw, str) else list(raw)
+    if len(items) != len(args):
+        raise ValueError(f"item {raw!r} is not {len(args)} values separated by '/' (e.g. '4/8/0.5')")
+    return tuple(_convert(x, a) for x, a in zip(items, args))
 
 
 def with_overrides(cfg: TrialConfig, **sections: dict[str, typing.Any]) -> TrialConfig:

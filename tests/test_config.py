@@ -6,7 +6,7 @@ import typing
 import pytest
 
 from par_ray import presets
-from par_ray.config import TrialConfig, from_flat, pretrained_kind, to_flat, with_overrides
+from par_ray.config import TrialConfig, flat_value, from_flat, pretrained_kind, to_flat, with_overrides
 from par_ray.recipes import RECIPES, apply_recipe
 
 
@@ -64,7 +64,53 @@ def test_flat_round_trip_including_strings_from_mlflow():
     assert from_flat({k: str(v) for k, v in flat.items()}) == cfg  # MLflow hands params back as strings
 
 
+def test_halt_rules_round_trip_through_the_flat_form_and_mlflow_strings():
+    assert to_flat(TrialConfig())["eval.halt_rules"] == "none"  # MLflow params are never empty
+    cfg = with_overrides(TrialConfig(), eval={"halt_rules": ((4, 8, 0.5), (6, 8, 0.3), (1, 1, 0.5))}).validate()
+    flat = to_flat(cfg)
+    assert flat["eval.halt_rules"] == "4/8/0.5,6/8/0.3,1/1/0.5"
+    assert from_flat(flat) == cfg and from_flat({k: str(v) for k, v in flat.items()}) == cfg
+    assert from_flat(to_flat(TrialConfig())) == TrialConfig()
+    # the text a --set override or a sweep cell gives, with spaces, and "" / "none" for no extra rule
+    assert from_flat({"eval.halt_rules": " 4/8/0.5 , 6/8/0.3,1/1/0.5"}).eval.halt_rules == cfg.eval.halt_rules
+    assert from_flat({"eval.halt_rules": "none"}, base=cfg).eval.halt_rules == ()
+    assert from_flat({"eval.halt_rules": ""}, base=cfg).eval.halt_rules == ()
+    assert from_flat({"eval.halt_rules": [[4, 8, 0.5]]}).eval.halt_rules == ((4, 8, 0.5),)
+    assert flat_value(((4, 8, 0.5),)) == "4/8/0.5" and flat_value((8, 16)) == "8,16"
+
+
+@pytest.mark.parametrize("rules, words", [
+    (((9, 8, 0.5),), "9/8/0.5 (k=9 not in [1, n=8])"),
+    (((0, 8, 0.5),), "0/8/0.5 (k=0 not in [1, n=8])"),
+    (((4, 0, 0.5),), "4/0/0.5 (k=4 not in [1, n=0])"),
+    (((4, 8, 1.0),), "4/8/1.0 (tau=1.0 not in (0, 1))"),
+    (((4, 8, 0.0),), "4/8/0.0 (tau=0.0 not in (0, 1))"),
+    (((4, 8, float("nan")),), "4/8/nan (tau=nan not in (0, 1))"),
+    (((6, 8, 0.5),), "6/8/0.5 (repeats the primary rule"),
+    (((4, 8, 0.3), (4, 8, 0.3)), "4/8/0.3 (listed twice)"),
+    (((4, 8, 0.5), (4, 8)), "expected tuple[tuple[int, int, float], ...]"),
+    (((4, 8.0, 0.5),), "expected tuple[tuple[int, int, float], ...]"),
+])
+def test_bad_halt_rules_are_one_error_naming_the_field(rules, words):
+    with pytest.raises(ValueError) as e:
+        with_overrides(TrialConfig(), eval={"halt_rules": rules}).validate()
+    lines = str(e.value).splitlines()[1:]
+    assert len(lines) == 1 and lines[0].strip().startswith("- eval.halt_rules:") and words in lines[0], lines
+
+
+def test_bad_halt_rules_list_every_bad_rule_in_one_line():
+    cfg = with_overrides(TrialConfig(), eval={"halt_rules": ((9, 8, 0.5), (4, 8, 0.3), (4, 8, 1.5))})
+    with pytest.raises(ValueError) as e:
+        cfg.validate()
+    lines = str(e.value).splitlines()[1:]
+    assert len(lines) == 1 and "9/8/0.5 (k=9" in lines[0] and "4/8/1.5 (tau=1.5" in lines[0]
+    assert "4/8/0.3" not in lines[0].split("bad:")[1]  # the good rule is not listed
+
+
 @pytest.mark.parametrize("flat, field", [
+    ({"eval.halt_rules": "4/8"}, "eval.halt_rules"),
+    ({"eval.halt_rules": "4/8/0.5,,6/8/0.5"}, "eval.halt_rules"),
+    ({"eval.halt_rules": "4/8/high"}, "eval.halt_rules"),
     ({"train.nope": 1}, "train.nope"),
     ({"eval.depths": "8,,16"}, "eval.depths"),
     ({"train.steps": "many"}, "train.steps"),

@@ -132,6 +132,7 @@ def test_stretch_multiplies_position_ids_and_changes_nothing_else():
     (_trial(eval={"halt_tau": 0.0}), "eval.halt_tau"),
     (_trial(eval={"halt_tau": 1.0}), "eval.halt_tau"),
     (_trial(eval={"halt_tau": -0.2}), "eval.halt_tau"),
+    (_trial(eval={"halt_rules": ((4, 8, 0.5), (8, 4, 0.5))}), "eval.halt_rules"),
     (_trial(eval={"halt_max_iterations": 10}), "eval.halt_max_iterations"),
     (_trial(eval={"halt_max_iterations": -1}), "eval.halt_max_iterations"),
     (_trial(recipe={"stretch_max": 0.5}), "recipe.stretch_max"),

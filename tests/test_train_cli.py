@@ -32,6 +32,8 @@ PY = sys.executable
     (["--set", "train.lr=nan"], "train.lr"),
     (["--set", "recipe.hold_lambda=-inf"], "recipe.hold_lambda"),
     (["--set", "eval.seed=-5"], "eval.seed"),
+    (["--set", "eval.halt_rules=9/8/0.5"], "eval.halt_rules"),
+    (["--set", "eval.halt_rules=4/8"], "eval.halt_rules"),
 ])
 def test_bad_input_is_one_clear_error(argv, field, capsys, tmp_path):
     out = tmp_path / "never-created"
@@ -39,6 +41,13 @@ def test_bad_input_is_one_clear_error(argv, field, capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.startswith("error:") and field in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_set_reads_extra_halting_rules():
+    from par_ray.train.__main__ import config_from_args, parse_args
+
+    cfg = config_from_args(parse_args(["--set", "eval.halt_rules=4/8/0.5,6/8/0.3"]))
+    assert cfg.eval.halt_rules == ((4, 8, 0.5), (6, 8, 0.3))
 
 
 BASE = ["--train-depth", "4", "--eval-depths", "4,8", "--set", "eval.num_sequences=8", "--set", "train.batch_size=8",
