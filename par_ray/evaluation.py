@@ -133,23 +133,80 @@ def k_of_n_stop(p_yes_RB: torch.Tensor, k: int, n: int, tau: float) -> tuple[tor
     Raises:
         ValueError: not 1 <= k <= n, tau outside (0, 1), or an empty p_yes_RB.
     """
+    _check_rule(k, n, tau)
+    R_XB, halted_XB = _k_of_n(p_yes_RB, ((k, n, tau),))
+    return R_XB[0], halted_XB[0]
+
+
+def k_of_n_stops(p_yes_RB: torch.Tensor, rules: Sequence[tuple[int, int, float]]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`k_of_n_stop` for several rules (k, n, tau) on the same P(Yes), in one vectorised pass.
+
+    Args:
+        p_yes_RB: (R_max, B) P(Yes) after iteration 1..R_max.
+        rules: X rules (k, n, tau), e.g. ``eval.halt_rules``.
+    Returns:
+        ``(R_XB, halted_XB)``: row x is ``k_of_n_stop(p_yes_RB, *rules[x])``.
+    Raises:
+        ValueError: a rule with k outside [1, n] or tau outside (0, 1) (named ``eval.halt_rules[x]``), no rule, or an
+            empty p_yes_RB.
+    """
+    if not rules:
+        raise ValueError("eval.halt_rules: k_of_n_stops needs at least one rule (k, n, tau)")
+    for x, (k, n, tau) in enumerate(rules):
+        _check_rule(k, n, tau, f"eval.halt_rules[{x}]")
+    return _k_of_n(p_yes_RB, rules)
+
+
+def _check_rule(k: int, n: int, tau: float, where: str | None = None) -> None:
+    """ValueError unless 1 <= k <= n and 0 < tau < 1, naming ``where`` (an extra rule, ``eval.halt_rules[x]``) or,
+    for the primary rule, ``eval.halt_k`` / ``eval.halt_tau``."""
     if not 1 <= k <= n:
-        raise ValueError(f"eval.halt_k: must be in [1, eval.halt_n={n}], got {k}")
+        raise ValueError(f"eval.halt_k: must be in [1, eval.halt_n={n}], got {k}" if where is None else
+                         f"{where}: k must be in [1, n={n}], got k={k}")
     if not 0.0 < tau < 1.0:
-        raise ValueError(f"eval.halt_tau: must be in (0, 1), got {tau}")
+        raise ValueError(f"eval.halt_tau: must be in (0, 1), got {tau}" if where is None else
+                         f"{where}: tau must be in (0, 1), got {tau}")
+
+
+def _k_of_n(p_yes_RB: torch.Tensor, rules: Sequence[tuple[int, int, float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k-of-n rule for X checked rules at once: ``(R_XB, halted_XB)`` (see :func:`k_of_n_stop`)."""
     if p_yes_RB.ndim != 2 or p_yes_RB.shape[0] < 1:
         raise ValueError(f"p_yes_RB: must be (R_max >= 1, B), got shape {tuple(p_yes_RB.shape)}")
-    R_max = p_yes_RB.shape[0]
-    above_RB = (p_yes_RB > tau).to(torch.int64)
-    # count_RB[r] = number of exceedances among iterations r+1 … r+n (0-based rows r … r+n-1), clipped at R_max
-    padded = torch.cat([above_RB, torch.zeros(n, above_RB.shape[1], dtype=torch.int64, device=above_RB.device)])
-    csum = torch.cat([torch.zeros_like(padded[:1]), padded.cumsum(0)])
-    count_RB = csum[n:n + R_max] - csum[:R_max]
-    fires_RB = above_RB.bool() & (count_RB >= k)
-    halted_B = fires_RB.any(0)
-    first_B = fires_RB.to(torch.int64).argmax(0) + 1  # argmax: first True (0 where none; fixed below)
-    R_B = torch.where(halted_B, first_B, torch.full_like(first_B, R_max))
-    return R_B, halted_B
+    R_max, B = p_yes_RB.shape
+    dev = p_yes_RB.device
+    k_X = torch.tensor([int(r[0]) for r in rules], device=dev)
+    n_X = torch.tensor([int(r[1]) for r in rules], device=dev)
+    # tau in P(Yes)'s dtype: the comparison a Python float threshold would make
+    tau_X = torch.tensor([float(r[2]) for r in rules], dtype=p_yes_RB.dtype, device=dev)
+    above_XRB = p_yes_RB[None] > tau_X[:, None, None]
+    # count_XRB[x, r] = exceedances among iterations r+1 … r+n_x (rows r … r+n_x-1), clipped at R_max
+    csum_XRB = torch.cat([torch.zeros(len(rules), 1, B, dtype=torch.int64, device=dev),
+                          above_XRB.to(torch.int64).cumsum(1)], dim=1)  # row j: exceedances in rows < j
+    end_XR = (torch.arange(R_max, device=dev)[None] + n_X[:, None]).clamp(max=R_max)
+    count_XRB = csum_XRB.gather(1, end_XR[:, :, None].expand(-1, -1, B)) - csum_XRB[:, :R_max]
+    fires_XRB = above_XRB & (count_XRB >= k_X[:, None, None])
+    halted_XB = fires_XRB.any(1)
+    first_XB = fires_XRB.to(torch.int64).argmax(1) + 1  # argmax: first True (0 where none; fixed below)
+    R_XB = torch.where(halted_XB, first_XB, torch.full_like(first_XB, R_max))
+    return R_XB, halted_XB
+
+
+def halting_rules(eval_cfg) -> tuple[tuple[int, int, float], ...]:
+    """The rules halting evaluation applies: the primary ``(eval.halt_k, eval.halt_n, eval.halt_tau)``, then
+    ``eval.halt_rules``. Raises ValueError naming the field of a bad rule (``TrialConfig.validate`` catches them
+    first)."""
+    _check_rule(eval_cfg.halt_k, eval_cfg.halt_n, eval_cfg.halt_tau)
+    extra = tuple(tuple(r) for r in eval_cfg.halt_rules)
+    for x, (k, n, tau) in enumerate(extra):
+        _check_rule(k, n, tau, f"eval.halt_rules[{x}]")
+    return ((eval_cfg.halt_k, eval_cfg.halt_n, eval_cfg.halt_tau), *extra)
+
+
+def rule_suffix(k: int, n: int, tau: float) -> str:
+    """``"k4n8t0.3"``: the metric-name suffix of the stopping rule "k of n, τ" (:func:`halting_metrics`); only
+    characters MLflow allows in a metric name (alphanumerics, ``.``, and ``-`` in an exponent such as ``1e-05``)."""
+    return f"k{int(k)}n{int(n)}t{float(tau)!r}"
 
 
 def halt_max_iterations(eval_cfg, ops_per_iteration: int) -> int:
@@ -175,8 +232,9 @@ def halting_by_depth(
 
     Each test set (the same as :func:`accuracy_by_depth`'s) gets the halting query appended
     (``par_ray.halting.with_halt_query``) and runs R_max = :func:`halt_max_iterations` iterations once, read out at
-    every iteration; the answer at the rule's R and at R* come from that one run. Memory: the read-out logits,
-    R_max × batch × (Q + 1) × V per chunk (``eval.batch_size`` rows).
+    every iteration; the answer at each rule's R (the primary rule and every ``eval.halt_rules`` entry, see
+    :func:`halting_rules`) and at R* come from that one run, so extra rules cost no forward pass. Memory: the
+    read-out logits, R_max × batch × (Q + 1) × V per chunk (``eval.batch_size`` rows).
 
     Args:
         model_fn, task, eval_cfg, rank, world_size, reduce_sum: as in :func:`accuracy_by_depth`.
@@ -184,10 +242,15 @@ def halting_by_depth(
     Returns:
         ``{d: {"halt_acc", "oracle_acc": full-state accuracy (fractions), "halt_iter": mean chosen R,
         "dR_mean", "dR_std": mean and population std over sequences of R − R*, "never_halted": fraction,
-        "p_yes_k": [mean P(Yes) after iteration 1..R_max]}}``.
+        "p_yes_k": [mean P(Yes) after iteration 1..R_max], "rules": {(k, n, tau): {"halt_acc", "halt_iter",
+        "dR_mean", "dR_std", "never_halted"}} for each extra rule of eval.halt_rules (empty without)}}``; the
+        top-level rule quantities are the primary rule's (eval.halt_k, eval.halt_n, eval.halt_tau).
+    Raises:
+        ValueError: a bad rule (:func:`halting_rules`).
     """
     from par_ray.halting import p_yes, with_halt_query
 
+    rules = halting_rules(eval_cfg)
     R_max = halt_max_iterations(eval_cfg, ops_per_iteration)
     results: dict[int, dict] = {}
     for depth in eval_cfg.depths:
@@ -197,52 +260,67 @@ def halting_by_depth(
         answers_BQ = ep.states[rank::world_size, -1]
         reads_Q = ep.read_positions.to(device)
         n_chunks = math.ceil(math.ceil(eval_cfg.num_sequences / world_size) / eval_cfg.batch_size)
-        # halt right, oracle right, never halted, Σ R, Σ (R - R*), Σ (R - R*)², sequences
-        counts = torch.zeros(7, dtype=torch.float64, device=device)
+        # per rule x: halt right, oracle right, never halted, Σ R, Σ (R - R*), Σ (R - R*)², sequences
+        counts_X7 = torch.zeros(len(rules), 7, dtype=torch.float64, device=device)
         p_sum_R = torch.zeros(R_max, dtype=torch.float64, device=device)
         for ids, ans in zip(ids_BT.tensor_split(n_chunks), answers_BQ.tensor_split(n_chunks)):
             logits_RBQV = model_fn(ids.to(device), reads_Q, R_max, None, 1.0, "all").logits_KBQV
             right_RB = (logits_RBQV[:, :, :-1].argmax(-1) == ans.to(device)).all(-1)
             p_RB = p_yes(logits_RBQV[:, :, -1], halt)
-            R_B, halted_B = k_of_n_stop(p_RB, eval_cfg.halt_k, eval_cfg.halt_n, eval_cfg.halt_tau)
-            dR_B = (R_B - R_star).double()
-            counts += torch.stack([
-                right_RB.gather(0, (R_B - 1)[None]).sum().double(), right_RB[R_star - 1].sum().double(),
-                (~halted_B).sum().double(), R_B.sum().double(), dR_B.sum(), dR_B.pow(2).sum(),
-                torch.tensor(float(ids.shape[0]), dtype=torch.float64, device=device)])
+            R_XB, halted_XB = _k_of_n(p_RB, rules)
+            dR_XB = (R_XB - R_star).double()
+            X = len(rules)
+            counts_X7 += torch.stack([
+                right_RB.gather(0, R_XB - 1).sum(1).double(), right_RB[R_star - 1].sum().double().expand(X),
+                (~halted_XB).sum(1).double(), R_XB.sum(1).double(), dR_XB.sum(1), dR_XB.pow(2).sum(1),
+                torch.full((X,), float(ids.shape[0]), dtype=torch.float64, device=device)], dim=1)
             p_sum_R += p_RB.double().sum(1)
-        counts, p_sum_R = reduce_sum(counts), reduce_sum(p_sum_R)
-        n = counts[6].clamp_min(1)
-        dR_mean = (counts[4] / n).item()
+        counts_X7, p_sum_R = reduce_sum(counts_X7), reduce_sum(p_sum_R)
+        n = counts_X7[0, 6].clamp_min(1)
+        per_rule = [_rule_stats(c, n) for c in counts_X7]
         results[depth] = {
-            "halt_acc": (counts[0] / n).item(),
-            "oracle_acc": (counts[1] / n).item(),
-            "never_halted": (counts[2] / n).item(),
-            "halt_iter": (counts[3] / n).item(),
-            "dR_mean": dR_mean,
-            "dR_std": math.sqrt(max((counts[5] / n).item() - dR_mean**2, 0.0)),
+            **per_rule[0],
+            "oracle_acc": (counts_X7[0, 1] / n).item(),
             "p_yes_k": (p_sum_R / n).tolist(),
+            "rules": dict(zip(rules[1:], per_rule[1:])),
         }
     return results
+
+
+def _rule_stats(counts_7: torch.Tensor, n: torch.Tensor) -> dict[str, float]:
+    """One rule's row of :func:`halting_by_depth`'s counts → halt_acc, never_halted, halt_iter, dR_mean, dR_std."""
+    dR_mean = (counts_7[4] / n).item()
+    return {
+        "halt_acc": (counts_7[0] / n).item(),
+        "never_halted": (counts_7[2] / n).item(),
+        "halt_iter": (counts_7[3] / n).item(),
+        "dR_mean": dR_mean,
+        "dR_std": math.sqrt(max((counts_7[5] / n).item() - dR_mean**2, 0.0)),
+    }
 
 
 def halting_metrics(results: Mapping[int, Mapping], ops_per_iteration: int) -> dict[str, float]:
     """Flat metric names of :func:`halting_by_depth`'s results, the names ``analysis`` reads.
 
-    Per test depth D: ``halt_acc_d{D}``, ``oracle_acc_d{D}`` (fractions), ``halt_gap_d{D}`` (oracle − halting, in
-    accuracy points), ``halt_iter_d{D}`` (mean chosen R), ``halt_dR_mean_d{D}``, ``halt_dR_std_d{D}`` (R − ⌈d/c⌉),
-    ``never_halted_d{D}`` (fraction). Curve: ``halt_prob_k{K}``, mean P(Yes) after iteration K on the first
+    Per test depth D, for the primary rule (eval.halt_k, eval.halt_n, eval.halt_tau): ``halt_acc_d{D}``,
+    ``oracle_acc_d{D}`` (fractions), ``halt_gap_d{D}`` (oracle − halting, in accuracy points), ``halt_iter_d{D}``
+    (mean chosen R), ``halt_dR_mean_d{D}``, ``halt_dR_std_d{D}`` (R − ⌈d/c⌉), ``never_halted_d{D}`` (fraction).
+    For each extra rule (k, n, τ) of ``eval.halt_rules``: the same names but ``oracle_acc`` (which no rule changes),
+    each followed by ``_`` and :func:`rule_suffix`, e.g. ``halt_acc_d32_k4n8t0.3``, ``halt_gap_d32_k4n8t0.3``,
+    ``never_halted_d32_k8n8t0.5``. Curve: ``halt_prob_k{K}``, mean P(Yes) after iteration K on the first
     (shallowest) test depth, for K = 1 … min(R_max, 2 ⌈d/c⌉).
     """
     out: dict[str, float] = {}
     for d, v in results.items():
-        out[f"halt_acc_d{d}"] = v["halt_acc"]
         out[f"oracle_acc_d{d}"] = v["oracle_acc"]
-        out[f"halt_gap_d{d}"] = 100.0 * (v["oracle_acc"] - v["halt_acc"])
-        out[f"halt_iter_d{d}"] = v["halt_iter"]
-        out[f"halt_dR_mean_d{d}"] = v["dR_mean"]
-        out[f"halt_dR_std_d{d}"] = v["dR_std"]
-        out[f"never_halted_d{d}"] = v["never_halted"]
+        for rule, r in ((None, v), *v.get("rules", {}).items()):
+            tail = f"_d{d}" if rule is None else f"_d{d}_{rule_suffix(*rule)}"
+            out[f"halt_acc{tail}"] = r["halt_acc"]
+            out[f"halt_gap{tail}"] = 100.0 * (v["oracle_acc"] - r["halt_acc"])
+            out[f"halt_iter{tail}"] = r["halt_iter"]
+            out[f"halt_dR_mean{tail}"] = r["dR_mean"]
+            out[f"halt_dR_std{tail}"] = r["dR_std"]
+            out[f"never_halted{tail}"] = r["never_halted"]
     if results:
         first = min(results)
         curve = results[first]["p_yes_k"][: 2 * math.ceil(first / ops_per_iteration)]

@@ -3,12 +3,14 @@ the halting query position and tokens, and a training step with halting and froz
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
 
 from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig
-from par_ray.evaluation import halt_max_iterations, halting_by_depth, halting_metrics, k_of_n_stop
+from par_ray.evaluation import (halt_max_iterations, halting_by_depth, halting_metrics, k_of_n_stop, k_of_n_stops,
+                                 rule_suffix)
 from par_ray.halting import (HaltTokens, model_vocab_size, p_yes, task_halt_tokens, tokenizer_halt_tokens,
                              with_halt_query, yes_no_logits)
 from par_ray.model.looped import LoopedOutput, build_looped
@@ -110,6 +112,24 @@ def test_rule_is_vectorised_over_sequences():
     assert R.tolist() == [3, 1, 10] and halted.tolist() == [True, True, False]
 
 
+def test_several_rules_from_one_probability_tensor_equal_each_rule_alone():
+    g = torch.Generator().manual_seed(0)
+    # random P(Yes), plus rows that sit exactly on tau and rows that step up late, to exercise window clipping
+    p = torch.cat([torch.rand(20, 64, generator=g), torch.full((20, 2), 0.5),
+                   (torch.arange(20.0) >= 15).float()[:, None].expand(20, 2) * 0.9 + 0.05], dim=1)
+    rules = [(6, 8, 0.5), (4, 8, 0.5), (8, 8, 0.5), (1, 1, 0.5), (6, 8, 0.3), (6, 8, 0.7), (3, 30, 0.4), (2, 2, 0.5)]
+    R_XB, halted_XB = k_of_n_stops(p, rules)
+    assert R_XB.shape == halted_XB.shape == (len(rules), p.shape[1])
+    for x, rule in enumerate(rules):
+        R_B, halted_B = k_of_n_stop(p, *rule)
+        assert torch.equal(R_XB[x], R_B) and torch.equal(halted_XB[x], halted_B), rule
+    assert len({tuple(R.tolist()) for R in R_XB}) > 4  # the rules do differ on this tensor
+    with pytest.raises(ValueError, match=r"eval\.halt_rules\[1\]: k must be in \[1, n=4\]"):
+        k_of_n_stops(p, [(6, 8, 0.5), (5, 4, 0.5)])
+    with pytest.raises(ValueError, match=r"eval\.halt_rules\[0\]: tau must be in \(0, 1\)"):
+        k_of_n_stops(p, [(6, 8, 1.0)])
+
+
 @pytest.mark.parametrize("k,n,tau,field", [(7, 6, 0.5, "eval.halt_k"), (0, 8, 0.5, "eval.halt_k"),
                                            (6, 8, 0.0, "eval.halt_tau"), (6, 8, 1.0, "eval.halt_tau")])
 def test_rule_rejects_bad_parameters(k, n, tau, field):
@@ -167,13 +187,9 @@ def test_halt_query_is_appended_and_leaves_answers_unchanged():
 # evaluation with halting
 
 
-def test_halting_by_depth_against_hand_made_model_and_sharding():
-    """A fake model whose halting probability and answers are scripted per iteration.
-
-    Rows with an even first operation token say Yes from iteration ⌈d/c⌉ + 1 on (one late) and are answered right
-    from R* on; odd rows never say Yes (answered at R_max, right as well since iterations >= R* are right). At depth
-    4 R* = 4; R_max = 2 × 8 = 16.
-    """
+def _scripted_halting():
+    """(task, halting tokens, eval config, test sets by depth, model_fn) of a fake model whose halting probability
+    and answers are scripted per iteration (see the next test)."""
     task = get_task("swap_s5")
     tok = task_halt_tokens(task.vocab_size)
     V = task.vocab_size + 3
@@ -195,6 +211,17 @@ def test_halting_by_depth_against_hand_made_model_and_sharding():
             logits[k - 1, :, 5, tok.yes] = torch.where(yes, 5.0, -5.0)
         return LoopedOutput(logits, list(range(1, R + 1)), torch.ones(R))
 
+    return task, tok, cfg, tests, model_fn
+
+
+def test_halting_by_depth_against_hand_made_model_and_sharding():
+    """A fake model whose halting probability and answers are scripted per iteration.
+
+    Rows with an even first operation token say Yes from iteration ⌈d/c⌉ + 1 on (one late) and are answered right
+    from R* on; odd rows never say Yes (answered at R_max, right as well since iterations >= R* are right). At depth
+    4 R* = 4; R_max = 2 × 8 = 16.
+    """
+    task, tok, cfg, tests, model_fn = _scripted_halting()
     assert halt_max_iterations(cfg, 1) == 16
     res = halting_by_depth(model_fn, task, cfg, 1, tok, torch.device("cpu"))
     for d in cfg.depths:
@@ -221,6 +248,47 @@ def test_halting_by_depth_against_hand_made_model_and_sharding():
     assert m["halt_gap_d4"] == 0.0 and m["never_halted_d8"] == res[8]["never_halted"]
     assert {f"halt_prob_k{k}" for k in range(1, 9)} <= set(m) and "halt_prob_k9" not in m  # 2 ⌈4/1⌉ on depth 4
     assert {"halt_acc_d8", "oracle_acc_d8", "halt_iter_d8", "halt_dR_mean_d8", "halt_dR_std_d8"} <= set(m)
+    assert all(res[d]["rules"] == {} for d in cfg.depths) and not any("_k" in name for name in m if "_d" in name)
+
+
+EXTRA_RULES = ((4, 8, 0.5), (1, 1, 0.999), (8, 8, 0.3))
+"""(1, 1, 0.999) never fires on the scripted model (P(Yes) ≈ 0.993 at most): every sequence runs to R_max."""
+
+
+def test_extra_rules_from_one_pass_equal_each_rule_run_as_the_primary():
+    task, tok, cfg, tests, model_fn = _scripted_halting()
+    calls = []
+    counted = lambda *a: calls.append(a[2]) or model_fn(*a)  # noqa: E731
+    res = halting_by_depth(counted, task, dataclasses.replace(cfg, halt_rules=EXTRA_RULES), 1, tok,
+                           torch.device("cpu"))
+    assert len(calls) == len(cfg.depths) * 3  # 20 sequences in chunks of 8: one pass, not one per rule
+    for rule in EXTRA_RULES:
+        k, n, tau = rule
+        alone = halting_by_depth(model_fn, task, dataclasses.replace(cfg, halt_k=k, halt_n=n, halt_tau=tau), 1, tok,
+                                 torch.device("cpu"))
+        for d in cfg.depths:
+            want = {key: alone[d][key] for key in ("halt_acc", "never_halted", "halt_iter", "dR_mean", "dR_std")}
+            assert res[d]["rules"][rule] == pytest.approx(want), (rule, d)
+            assert res[d]["oracle_acc"] == alone[d]["oracle_acc"]
+    never = res[8]["rules"][(1, 1, 0.999)]
+    assert (never["never_halted"], never["halt_iter"], never["dR_mean"], never["dR_std"]) == (1.0, 16.0, 8.0, 0.0)
+    # the primary rule's numbers are those of a pass without extra rules
+    plain = halting_by_depth(model_fn, task, cfg, 1, tok, torch.device("cpu"))
+    assert all({k: v for k, v in res[d].items() if k != "rules"} == {k: v for k, v in plain[d].items() if k != "rules"}
+               for d in cfg.depths)
+
+    m = halting_metrics(res, 1)
+    assert rule_suffix(4, 8, 0.5) == "k4n8t0.5" and rule_suffix(6, 8, 1e-5) == "k6n8t1e-05"
+    for kind in ("halt_acc", "halt_gap", "halt_iter", "halt_dR_mean", "halt_dR_std", "never_halted"):
+        assert {f"{kind}_d{d}" for d in cfg.depths} <= set(m)  # the primary rule: names unchanged
+        for suffix in ("k4n8t0.5", "k1n1t0.999", "k8n8t0.3"):
+            assert {f"{kind}_d{d}_{suffix}" for d in cfg.depths} <= set(m)
+    assert not any(name.startswith("oracle_acc") and "_k" in name for name in m)  # oracle stopping: one per depth
+    assert m["never_halted_d8_k1n1t0.999"] == 1.0
+    assert m["halt_gap_d8_k4n8t0.5"] == pytest.approx(100.0 * (res[8]["oracle_acc"] - res[8]["rules"][(4, 8, 0.5)]
+                                                               ["halt_acc"]))
+    mlflow_name = re.compile(r"^[A-Za-z0-9_\-. /]+$")  # MLflow's allowed metric-name characters
+    assert all(mlflow_name.match(name) for name in m)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
