@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from analysis.load import TRIAL_KEYS, SweepFrames
+from analysis.load import RULE_SCHEMA, TRIAL_KEYS, SweepFrames
 
 GROUP = list(TRIAL_KEYS)
 FINISHED = pl.col("status") == "FINISHED"
@@ -56,7 +56,7 @@ class Summary:
     G: pl.DataFrame
     """:func:`g_summary`: per configuration (task, backbone, recipe, config)."""
     halting: pl.DataFrame
-    """:func:`halting_gap`: per configuration and depth; empty when no halting metrics were logged."""
+    """:func:`halting_gap`: per configuration, stopping rule and depth; empty when no halting metrics were logged."""
     iterations: pl.DataFrame
     """:func:`iteration_stats`: per configuration and k; empty when no rms_k / halt_prob_k were logged."""
     excluded: pl.DataFrame
@@ -72,7 +72,7 @@ def summarize(frames: SweepFrames, *, n_boot: int = 1000, ci: float = 0.95, seed
         accuracy=accuracy_stats(frames.acc, n_boot=n_boot, ci=ci, seed=seed),
         per_seed=per_seed,
         G=g_summary(per_seed, frames.trials),
-        halting=halting_gap(frames.acc),
+        halting=halting_gap(frames.halting),
         iterations=iteration_stats(frames.by_iteration),
         excluded=excluded_trials(frames.trials),
         warnings=tuple(consistency_warnings(frames.trials)),
@@ -256,25 +256,33 @@ def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def halting_gap(acc: pl.DataFrame) -> pl.DataFrame:
-    """Halting-rule accuracy vs oracle stopping (R* = ⌈d/c⌉) per configuration and depth, FINISHED trials with both.
+def halting_gap(halting: pl.DataFrame) -> pl.DataFrame:
+    """Halting-rule accuracy vs oracle stopping (R* = ⌈d/c⌉) per configuration, stopping rule and depth, FINISHED
+    trials with both.
 
-    gap = oracle_acc − halt_acc per seed (in accuracy fractions; negative when the rule's iteration beats R*), then
-    mean/std over seeds. Returns columns: GROUP, depth, train_depth, n, halt_mean, halt_std, oracle_mean, oracle_std,
-    gap_mean, gap_std, halt_iter_mean (mean iterations run under the halting rule), never_halted_mean,
-    never_halted_std (fraction of sequences answered at R_max because the rule never fired), dR_mean, dR_std (the
-    per-seed mean over sequences of R − R*, then mean and std over seeds), dR_spread_mean (the per-seed std over
-    sequences of R − R*, averaged over seeds); each null when not logged. Empty when no trial logged
-    ``halt_acc_d{D}`` and ``oracle_acc_d{D}``.
+    ``halting``: ``SweepFrames.halting`` (one row per run, rule and depth: the primary rule and each extra rule of
+    ``eval.halt_rules``, see ``analysis.load.halting_frame``), or an ``acc`` frame, read as the primary rule only
+    with the rule unknown (null). gap = oracle_acc − halt_acc per seed (in accuracy fractions; negative when the
+    rule's iteration beats R*), then mean/std over seeds. Returns columns: GROUP, rule ("6 of 8, τ 0.5"; null when
+    the run's ``eval.halt_*`` params were not logged), halt_k, halt_n, halt_tau, depth, train_depth, n, halt_mean,
+    halt_std, oracle_mean, oracle_std, gap_mean, gap_std, halt_iter_mean (mean iterations run under the halting
+    rule), never_halted_mean, never_halted_std (fraction of sequences answered at R_max because the rule never
+    fired), dR_mean, dR_std (the per-seed mean over sequences of R − R*, then mean and std over seeds),
+    dR_spread_mean (the per-seed std over sequences of R − R*, averaged over seeds); each null when not logged.
+    Sorted by GROUP, rule (n, k, τ), depth. Empty when no trial logged ``halt_acc_d{D}`` and ``oracle_acc_d{D}``.
     """
-    keys = [*GROUP, "depth"]
-    fin = with_config(acc).filter(FINISHED & pl.col("halt_acc").is_not_null() & pl.col("oracle_acc").is_not_null())
+    keys = [*GROUP, "rule", "depth"]
+    fin = with_config(halting).filter(FINISHED & pl.col("halt_acc").is_not_null()
+                                      & pl.col("oracle_acc").is_not_null())
     fin = fin.with_columns([pl.lit(None, pl.Float64).alias(k) for k in ("never_halted", "halt_dR_mean", "halt_dR_std")
                             if k not in fin.columns])  # frames built by hand without these kinds
+    fin = fin.with_columns([pl.lit(None, t).alias(k) for k, t in RULE_SCHEMA.items()
+                            if k not in fin.columns])  # an acc frame: the primary rule, unknown
     gap = pl.col("oracle_acc") - pl.col("halt_acc")
     return (
         fin.group_by(keys)
         .agg(
+            pl.col("halt_k", "halt_n", "halt_tau").first(),
             pl.col("train_depth").first(),
             pl.len().alias("n"),
             pl.col("halt_acc").mean().alias("halt_mean"),
@@ -290,7 +298,8 @@ def halting_gap(acc: pl.DataFrame) -> pl.DataFrame:
             pl.col("halt_dR_mean").std(ddof=1).alias("dR_std"),
             pl.col("halt_dR_std").mean().alias("dR_spread_mean"),
         )
-        .sort(keys, nulls_last=True)
+        .select(*GROUP, *RULE_SCHEMA, "depth", pl.exclude(*GROUP, *RULE_SCHEMA, "depth"))
+        .sort([*GROUP, "halt_n", "halt_k", "halt_tau", "depth"], nulls_last=True)
     )
 
 

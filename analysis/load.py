@@ -4,19 +4,24 @@ A sweep is one MLflow parent run (tag ``par_ray.role = "sweep"``); each trial is
 ``mlflow.parentRunId``, ``par_ray.role = "trial"``, ``par_ray.{trial_id,recipe,backbone,task,seed,git_commit}``,
 params = the flat trial config, final metrics ``acc_d{D}``, ``acc_query_d{D}``, ``chance``, optional
 ``halt_acc_d{D}``, ``oracle_acc_d{D}``, ``halt_iter_d{D}``, ``never_halted_d{D}``, ``halt_dR_mean_d{D}``,
-``halt_dR_std_d{D}`` (``par_ray.evaluation.halting_metrics``), ``cot_tokens_d{D}`` (the ``cot`` baseline's mean
-generated tokens), ``rms_k{K}``, ``halt_prob_k{K}``). Trials are grouped by
+``halt_dR_std_d{D}`` (``par_ray.evaluation.halting_metrics``: the primary stopping rule, params ``eval.halt_k``,
+``eval.halt_n``, ``eval.halt_tau``), the same but ``oracle_acc`` for each extra rule of ``eval.halt_rules`` with the
+rule in the name, ``{kind}_d{D}_k{k}n{n}t{tau}`` (``halt_acc_d32_k4n8t0.3``), ``cot_tokens_d{D}`` (the ``cot``
+baseline's mean generated tokens), ``rms_k{K}``, ``halt_prob_k{K}``). Trials are grouped by
 their tags, never by run names, and by their ``config``: the params that vary between the loaded trials of one
 (task, backbone, recipe), seed excepted (:func:`config_labels`). After an Optuna search, each sampled configuration is
 then its own group with its own seeds; after a grid of recipes × backbones × seeds, ``config`` is empty.
 
-Three frames come out (:class:`SweepFrames`):
+Four frames come out (:class:`SweepFrames`):
 
 - ``trials``: one row per child run, whatever its status (FINISHED, FAILED, RUNNING, KILLED): failed and running
   trials are kept and marked, aggregates filter on ``status`` later and count what they left out.
-- ``acc``: long, one row per (run, test depth): ``acc`` (full-state), ``acc_query``, the halting metrics
-  ``halt_acc``, ``oracle_acc``, ``halt_iter``, ``never_halted``, ``halt_dR_mean``, ``halt_dR_std``, and
+- ``acc``: long, one row per (run, test depth): ``acc`` (full-state), ``acc_query``, the primary rule's halting
+  metrics ``halt_acc``, ``oracle_acc``, ``halt_iter``, ``never_halted``, ``halt_dR_mean``, ``halt_dR_std``, and
   ``cot_tokens`` (null where not logged).
+- ``halting``: long, one row per (run, stopping rule, test depth) of every run that logged halting metrics, the
+  primary rule and each extra rule: the rule (``rule`` = ``"6 of 8, τ 0.5"``, ``halt_k``, ``halt_n``, ``halt_tau``,
+  ``primary``) and :data:`HALT_KINDS`, ``oracle_acc`` being the run's one oracle-stopping accuracy at that depth.
 - ``by_iteration``: long, one row per (run, iteration k): ``rms`` and ``halt_prob`` (null where not logged).
 """
 
@@ -47,6 +52,9 @@ _PARAMS = {  # frame column -> flat config key (par_ray.config.to_flat); only wh
     "eval_depths": "eval.depths",
     "anchoring": "recipe.anchoring",
     "targets": "recipe.targets",
+    "halt_k": "eval.halt_k",
+    "halt_n": "eval.halt_n",
+    "halt_tau": "eval.halt_tau",
 }
 _DEPTH_METRIC = (r"^(?<kind>acc|acc_query|halt_acc|oracle_acc|halt_iter|never_halted|halt_dR_mean|halt_dR_std"
                  r"|cot_tokens)_d(?<depth>\d+)$")
@@ -54,6 +62,14 @@ _ITER_METRIC = r"^(?<kind>rms|halt_prob)_k(?<k>\d+)$"
 DEPTH_KINDS = ("acc", "acc_query", "halt_acc", "oracle_acc", "halt_iter", "never_halted", "halt_dR_mean",
                "halt_dR_std", "cot_tokens")
 ITER_KINDS = ("rms", "halt_prob")
+HALT_KINDS = ("halt_acc", "oracle_acc", "halt_iter", "never_halted", "halt_dR_mean", "halt_dR_std")
+"""Per (run, rule, depth) columns of the ``halting`` frame."""
+_RULE_KINDS = tuple(k for k in HALT_KINDS if k != "oracle_acc")  # oracle stopping does not depend on the rule
+_RULE_METRIC = (rf"^(?<kind>{'|'.join(_RULE_KINDS)})_d(?<depth>\d+)"
+                r"_k(?<halt_k>\d+)n(?<halt_n>\d+)t(?<halt_tau>\d[0-9.e-]*)$")
+"""An extra rule's metric (``par_ray.evaluation.rule_suffix``): ``halt_acc_d32_k4n8t0.3``."""
+RULE_SCHEMA = {"rule": pl.String, "halt_k": pl.Int64, "halt_n": pl.Int64, "halt_tau": pl.Float64}
+"""The stopping rule of a ``halting`` row: its label (:func:`rule_label`) and (k, n, τ)."""
 
 TRIAL_SCHEMA = {
     "run_id": pl.String,
@@ -69,6 +85,9 @@ TRIAL_SCHEMA = {
     "eval_depths": pl.String,
     "anchoring": pl.String,
     "targets": pl.String,
+    "halt_k": pl.Int64,
+    "halt_n": pl.Int64,
+    "halt_tau": pl.Float64,
     "start_time": pl.Datetime("ms", "UTC"),
     "end_time": pl.Datetime("ms", "UTC"),
     "duration_s": pl.Float64,
@@ -92,6 +111,9 @@ class SweepFrames:
     """One row per child run: ``TRIAL_SCHEMA`` columns, then one Float64 column per final metric."""
     acc: pl.DataFrame
     """Long: ``_ID_COLUMNS`` + ``depth`` (Int64) + ``DEPTH_KINDS`` (Float64, null where not logged)."""
+    halting: pl.DataFrame
+    """Long: ``_ID_COLUMNS`` + ``RULE_SCHEMA`` + ``primary`` (Boolean) + ``depth`` (Int64) + ``HALT_KINDS``
+    (Float64, null where not logged); see :func:`halting_frame`."""
     by_iteration: pl.DataFrame
     """Long: ``_ID_COLUMNS`` + ``k`` (Int64, 1-based iteration) + ``ITER_KINDS`` (Float64, null where not logged)."""
     experiment_id: str | None = None
@@ -165,6 +187,8 @@ def trials_frame(records: list[dict]) -> pl.DataFrame:
         "eval_depths",
         "anchoring",
         "targets",
+        pl.col("halt_k", "halt_n").str.strip_chars().cast(pl.Int64, strict=False),
+        pl.col("halt_tau").str.strip_chars().cast(pl.Float64, strict=False),
         pl.from_epoch("start_ms", time_unit="ms").dt.replace_time_zone("UTC").alias("start_time"),
         pl.from_epoch("end_ms", time_unit="ms").dt.replace_time_zone("UTC").alias("end_time"),
         ((pl.col("end_ms") - pl.col("start_ms")) / 1000.0).alias("duration_s"),
@@ -198,12 +222,63 @@ def _long(trials: pl.DataFrame, pattern: str, index: str, kinds: tuple[str, ...]
     )
 
 
+def rule_label(k: pl.Expr, n: pl.Expr, tau: pl.Expr) -> pl.Expr:
+    """``"6 of 8, τ 0.5"``: the stopping rule "k of n, τ" for display (null where any part is unknown)."""
+    return pl.format("{} of {}, τ {}", k, n, tau)
+
+
+def halting_frame(trials: pl.DataFrame, acc: pl.DataFrame) -> pl.DataFrame:
+    """``SweepFrames.halting``: one row per (run, stopping rule, test depth) of every run that logged halting metrics.
+
+    The primary rule's rows are the ``acc`` rows with any of :data:`HALT_KINDS` logged, their rule (k, n, τ) read
+    from the run's params ``eval.halt_k``, ``eval.halt_n``, ``eval.halt_tau`` (the ``trials`` columns ``halt_k``,
+    ``halt_n``, ``halt_tau``; null when not logged or when ``trials`` has no such columns, e.g. built by hand), with
+    ``primary`` true. Each extra rule's rows come from the trial metric columns named like ``halt_acc_d32_k4n8t0.3``
+    (k, n, τ read from the name), with ``primary`` false and ``oracle_acc`` the primary rows' value at that depth (one
+    oracle-stopping accuracy per run and depth, whatever the rule). Columns: ``_ID_COLUMNS``, ``RULE_SCHEMA``,
+    ``primary``, ``depth``, ``HALT_KINDS``, sorted by run, rule (n, k, τ) and depth.
+    """
+    rule_types = {c: t for c, t in RULE_SCHEMA.items() if c != "rule"}
+    ids = [c for c in _ID_COLUMNS if c in acc.columns]  # all of them, but in frames built by hand (no config)
+    schema = ({c: acc.schema[c] for c in ids} | RULE_SCHEMA
+              | {"primary": pl.Boolean, "depth": pl.Int64} | {k: pl.Float64 for k in HALT_KINDS})
+    rules = trials.select("run_id", *[(pl.col(c) if c in trials.columns else pl.lit(None)).cast(t).alias(c)
+                                      for c, t in rule_types.items()])
+    acc = acc.with_columns([pl.lit(None, pl.Float64).alias(k) for k in HALT_KINDS if k not in acc.columns])
+    primary = (acc.filter(pl.any_horizontal(pl.col(HALT_KINDS).is_not_null()))
+               .join(rules, on="run_id", how="left")
+               .with_columns(pl.lit(True).alias("primary")))
+    parts = [primary]
+    metric_cols = trials.select(cs.matches(_RULE_METRIC)).columns
+    if metric_cols:
+        keys = ["run_id", "depth", *rule_types]
+        extra = (
+            trials.unpivot(index="run_id", on=metric_cols, variable_name="metric")
+            .filter(pl.col("value").is_not_null())
+            .with_columns(pl.col("metric").str.extract_groups(_RULE_METRIC))
+            .unnest("metric")
+            .with_columns([pl.col(c).cast(t) for c, t in {"depth": pl.Int64, **rule_types}.items()])
+            .pivot(on="kind", index=keys, values="value")
+        )
+        extra = (extra.with_columns([pl.lit(None, pl.Float64).alias(k) for k in _RULE_KINDS if k not in extra.columns])
+                 .join(primary.select("run_id", "depth", "oracle_acc"), on=["run_id", "depth"], how="left")
+                 .join(trials.select(ids), on="run_id", how="left")
+                 .with_columns(pl.lit(False).alias("primary")))
+        parts.append(extra)
+    out = pl.concat([p.with_columns(rule_label(pl.col("halt_k"), pl.col("halt_n"), pl.col("halt_tau")).alias("rule"))
+                     .select(list(schema)).cast(schema) for p in parts])
+    return out.sort("run_id", "halt_n", "halt_k", "halt_tau", "depth", nulls_last=True)
+
+
 def frames_from_trials(trials: pl.DataFrame, experiment_id: str | None = None,
                        parent_run_id: str | None = None) -> SweepFrames:
-    """``acc`` and ``by_iteration`` derived from a ``trials`` frame (metric columns ``acc_d{D}``, ``rms_k{K}``, …)."""
+    """``acc``, ``halting`` and ``by_iteration`` derived from a ``trials`` frame (metric columns ``acc_d{D}``,
+    ``halt_acc_d{D}_k4n8t0.3``, ``rms_k{K}``, …)."""
+    acc = _long(trials, _DEPTH_METRIC, "depth", DEPTH_KINDS)
     return SweepFrames(
         trials=trials,
-        acc=_long(trials, _DEPTH_METRIC, "depth", DEPTH_KINDS),
+        acc=acc,
+        halting=halting_frame(trials, acc),
         by_iteration=_long(trials, _ITER_METRIC, "k", ITER_KINDS),
         experiment_id=experiment_id,
         parent_run_id=parent_run_id,

@@ -9,7 +9,8 @@ Layouts (PAR paper, §5):
 - ``scale``: each backbone × recipe at 16× the train length (or, where 16× was not tested, the largest tested
   multiple), then G.
 - ``halting``: halting-rule accuracy, oracle-stopping accuracy (R = ⌈d/c⌉), their gap, the iterations run, the
-  never-halted fraction and R − ⌈d/c⌉ (mean and spread), per test depth.
+  never-halted fraction and R − ⌈d/c⌉ (mean and spread), per stopping rule ("6 of 8, τ 0.5": the primary
+  ``eval.halt_k/n/tau`` and each extra rule of ``eval.halt_rules``) and test depth.
 - ``ablation``: one row per recipe with its anchoring and targets, accuracy at the largest multiple tested by every
   row, and G.
 
@@ -267,14 +268,17 @@ def scale_results(summary: Summary, multiple: float = SCALE_MULTIPLE) -> Table:
 
 
 def halting_results(summary: Summary) -> Table | None:
-    """Rows recipe × backbone × test depth: halting-rule and oracle (R = ⌈d/c⌉) accuracy (%), gap (points),
-    iterations run, never-halted fraction (%), R − ⌈d/c⌉ (mean ± std over seeds) and its spread over sequences.
-    ``None`` when no trial logged halting metrics."""
+    """Rows recipe × backbone (× config) × stopping rule × test depth: halting-rule and oracle (R = ⌈d/c⌉) accuracy
+    (%), gap (points), iterations run, never-halted fraction (%), R − ⌈d/c⌉ (mean ± std over seeds) and its spread
+    over sequences. The ``rule`` column ("6 of 8, τ 0.5"; "–" where a run did not log its ``eval.halt_*`` params)
+    lists the primary rule and every extra rule of ``eval.halt_rules``, ordered by n, k, τ. ``None`` when no trial
+    logged halting metrics."""
     h = summary.halting
     if h.is_empty():
         return None
     rows = h.select(
         *GROUP,
+        "rule", "halt_k", "halt_n", "halt_tau",
         "depth",
         pl.struct("depth", "train_depth")
         .map_elements(lambda r: depth_label(r["depth"], r["train_depth"]), return_dtype=pl.String)
@@ -287,12 +291,14 @@ def halting_results(summary: Summary) -> Table | None:
         _acc_cell_expr("dR_", scale=1.0).alias("R − ⌈d/c⌉"),
         pl.col("dR_spread_mean").map_elements(lambda v: f"{v:.1f}", return_dtype=pl.String).alias("spread of R"),
     )
-    rows = ordered(rows, ["task", "recipe", "backbone"], then=("config", "depth"))
+    rows = ordered(rows, ["task", "recipe", "backbone"], then=("config", "halt_n", "halt_k", "halt_tau", "depth"))
     label_cols = _label_columns(rows, ["task", "recipe", "backbone", "config"])
-    frame = _show_config(rows).select(*label_cols, "test depth", "halting (%)", "oracle (%)",
+    frame = _show_config(rows).select(*label_cols, "rule", "test depth", "halting (%)", "oracle (%)",
                                       "oracle − halting (pts)", "iterations", "never halted (%)", "R − ⌈d/c⌉",
                                       "spread of R").fill_null(MISSING)
-    note = ("Halting: answer at the iteration R chosen by the k-of-n rule; oracle: oracle stopping R = ⌈d/c⌉; gap "
+    note = ("Rule \"k of n, τ\": answer at the first iteration R with P(Yes) > τ such that at least k of R … R+n−1 "
+            "exceed τ; every rule is read from the same run of the model. Halting: answer at the iteration R chosen "
+            "by the rule; oracle: oracle stopping R = ⌈d/c⌉ (the same for every rule); gap "
             "in accuracy points; iterations: mean R under the halting rule; never halted: sequences where the rule "
             "never fired, answered at R_max (%); R − ⌈d/c⌉: per seed the mean over sequences, then mean ± std over "
             "seeds; spread of R: the std over sequences of R − ⌈d/c⌉, averaged over seeds. Mean ± std (n) over "
@@ -353,12 +359,13 @@ def to_csv(table: Table) -> str:
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-                  "±": r"$\pm$", "≥": r"$\geq$", "×": r"$\times$", "–": "--", "−": "$-$"}
+                  "±": r"$\pm$", "≥": r"$\geq$", "×": r"$\times$", "–": "--", "−": "$-$",
+                  "τ": r"$\tau$"}
 _LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX_SPECIAL))
 
 
 def latex_escape(text: str) -> str:
-    """Escape LaTeX specials and map ±, ≥, ×, – and − to math / dashes."""
+    """Escape LaTeX specials and map ±, ≥, ×, τ, – and − to math / dashes."""
     return _LATEX_RE.sub(lambda m: _LATEX_SPECIAL[m.group()], text)
 
 
@@ -380,7 +387,7 @@ def to_latex(table: Table) -> str:
 
 def _n_labels(table: Table) -> int:
     """Leading label (left-aligned) columns: the key columns before the first value column."""
-    keys = {"task", "backbone", "recipe", "config", "anchoring", "targets", "test depth"}
+    keys = {"task", "backbone", "recipe", "config", "anchoring", "targets", "rule", "test depth"}
     n = 0
     for c in table.frame.columns:
         if c not in keys:

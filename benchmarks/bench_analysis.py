@@ -20,13 +20,14 @@ import numpy as np
 import polars as pl
 
 from analysis import aggregate, tables
-from analysis.load import SweepFrames
+from analysis.load import SweepFrames, halting_frame
 
 TARGET_S = 2.0
 
 
 def synthetic_frames(n_trials: int, n_depths: int, n_seeds: int, seed: int = 0) -> SweepFrames:
-    """``SweepFrames`` with ``acc`` (n_trials × n_depths rows, halting metrics on every trial) and ``trials``."""
+    """``SweepFrames`` with ``acc`` (n_trials × n_depths rows, halting metrics on every trial, the primary rule only,
+    unknown: no ``eval.halt_*`` params), ``halting`` from it, and ``trials``."""
     rng = np.random.default_rng(seed)
     d_train = 8
     depths = d_train * 2 ** np.linspace(0, 6, n_depths)  # 1× … 64×
@@ -63,7 +64,7 @@ def synthetic_frames(n_trials: int, n_depths: int, n_seeds: int, seed: int = 0) 
         pl.Series("halt_iter", np.tile(depths, n_trials).astype(np.float64)),
     )
     empty_iter = pl.DataFrame(schema={**ids.schema, "k": pl.Int64, "rms": pl.Float64, "halt_prob": pl.Float64})
-    return SweepFrames(trials=trials, acc=acc, by_iteration=empty_iter)
+    return SweepFrames(trials=trials, acc=acc, halting=halting_frame(trials, acc), by_iteration=empty_iter)
 
 
 def _best(fn, repeat: int) -> tuple[float, object]:
@@ -92,7 +93,7 @@ def main() -> None:
     stages["extrapolation_per_seed (d50, G)"], per_seed = _best(
         lambda: aggregate.extrapolation_per_seed(frames.acc), args.repeat)
     stages["g_summary"], _ = _best(lambda: aggregate.g_summary(per_seed, frames.trials), args.repeat)
-    stages["halting_gap"], _ = _best(lambda: aggregate.halting_gap(frames.acc), args.repeat)
+    stages["halting_gap"], _ = _best(lambda: aggregate.halting_gap(frames.halting), args.repeat)
     stages["summarize (all of the above + checks)"], summary = _best(
         lambda: aggregate.summarize(frames, n_boot=args.n_boot), args.repeat)
     stages["build_tables"], _ = _best(lambda: tables.build_tables(summary), args.repeat)

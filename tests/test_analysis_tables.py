@@ -91,9 +91,10 @@ def test_halting_table_shows_oracle_stopping_never_halted_and_R_minus_oracle():
                                                  **_halting_metrics(32, 0.6, 0.6, 0.75, 5.0, 4.0)}),
     ]
     t = tables.halting_results(_summary(records))
-    assert t.frame.columns == ["recipe", "backbone", "test depth", "halting (%)", "oracle (%)",
+    assert t.frame.columns == ["recipe", "backbone", "rule", "test depth", "halting (%)", "oracle (%)",
                                "oracle − halting (pts)", "iterations", "never halted (%)", "R − ⌈d/c⌉",
                                "spread of R"]
+    assert set(t.frame.get_column("rule")) == {tables.MISSING}  # no eval.halt_* params logged: rule unknown
     r = _row(t.frame, **{"test depth": "32 (8×)"})
     assert (r["halting (%)"], r["oracle (%)"], r["oracle − halting (pts)"]) == (
         "50.0 ± 14.1 (2)", "60.0 ± 0.0 (2)", "10.0 ± 14.1 (2)")
@@ -114,6 +115,7 @@ def test_halting_table_has_one_row_per_stopping_rule_and_tolerates_older_runs():
     ]
     t = tables.halting_results(_summary(records))
     assert t.frame.get_column("config").to_list() == ["eval.halt_k=4", "eval.halt_k=6"]
+    assert t.frame.get_column("rule").to_list() == ["4 of 8, τ 0.5", "6 of 8, τ 0.5"]
     assert _row(t.frame, config="eval.halt_k=4")["never halted (%)"] == "10.0 (1)"
     # a run that logged only the first halting metrics (no never_halted / R − ⌈d/c⌉): those cells are "–"
     old = [_record(0, "par_halt", "swap_s5", 0, 4, {**_acc(SWAP, (1, 1, 1, 1)), "halt_acc_d8": 0.5,
@@ -121,6 +123,64 @@ def test_halting_table_has_one_row_per_stopping_rule_and_tolerates_older_runs():
     r = tables.halting_results(_summary(old)).frame.row(0, named=True)
     assert (r["oracle − halting (pts)"], r["never halted (%)"], r["R − ⌈d/c⌉"], r["spread of R"]) == (
         "25.0 (1)", "–", "–", "–")
+
+
+RULES_PARAMS = {"eval.halt_k": "6", "eval.halt_n": "8", "eval.halt_tau": "0.5", "eval.halt_rules": "4/8/0.5,6/8/0.3"}
+
+
+def _two_rule_metrics(d: int, seed: int) -> dict:
+    """One pass with the primary rule 6 of 8, τ 0.5 and the extras 4 of 8, τ 0.5 and 6 of 8, τ 0.3 (as
+    ``par_ray.evaluation.halting_metrics`` names them): the looser rules stop earlier and lose accuracy."""
+    out = _halting_metrics(d, 0.8 - 0.1 * seed, 0.9, 0.1, 1.0, 0.5)
+    for suffix, halt, never, dR in (("k4n8t0.5", 0.6 - 0.1 * seed, 0.0, -1.0), ("k6n8t0.3", 0.5, 0.0, -2.0)):
+        out |= {f"halt_acc_d{d}_{suffix}": halt, f"halt_gap_d{d}_{suffix}": 100 * (0.9 - halt),
+                f"halt_iter_d{d}_{suffix}": d + dR, f"never_halted_d{d}_{suffix}": never,
+                f"halt_dR_mean_d{d}_{suffix}": dR, f"halt_dR_std_d{d}_{suffix}": 0.25}
+    return out
+
+
+def _two_rule_records() -> list[dict]:
+    return [_record(i, "par_halt", "swap_s5", seed, 4,
+                    {**_acc(SWAP, (1, 1, 0.9, 0.8)), **_two_rule_metrics(8, seed), **_two_rule_metrics(32, seed)},
+                    params={**RULES_PARAMS, "train.seed": str(seed)})
+            for i, seed in enumerate((0, 1))]
+
+
+def test_halting_table_has_one_row_per_rule_of_one_run_and_depth():
+    records = _two_rule_records()
+    frames = load.frames_from_trials(load.trials_frame(records))
+    assert frames.acc.columns == [*load._ID_COLUMNS, "depth", *load.DEPTH_KINDS]  # the accuracy frame is unchanged
+    assert frames.acc.height == 2 * len(SWAP) and frames.acc.get_column("halt_acc").drop_nulls().len() == 4
+    h = frames.halting
+    assert h.height == 2 * 3 * 2  # runs × rules × depths
+    assert set(h.get_column("rule")) == {"6 of 8, τ 0.5", "4 of 8, τ 0.5", "6 of 8, τ 0.3"}
+    assert _row(h, run_id="r1", rule="6 of 8, τ 0.3", depth=32)["oracle_acc"] == 0.9  # the run's oracle stopping
+    assert _row(h, run_id="r0", rule="6 of 8, τ 0.5", depth=8)["primary"]
+    assert not _row(h, run_id="r0", rule="4 of 8, τ 0.5", depth=8)["primary"]
+
+    t = tables.halting_results(_summary(records))
+    assert t.frame.columns[:3] == ["recipe", "backbone", "rule"]  # no config column: both seeds share the params
+    assert t.frame.select("rule", "test depth").rows() == [
+        ("4 of 8, τ 0.5", "8 (2×)"), ("4 of 8, τ 0.5", "32 (8×)"), ("6 of 8, τ 0.3", "8 (2×)"),
+        ("6 of 8, τ 0.3", "32 (8×)"), ("6 of 8, τ 0.5", "8 (2×)"), ("6 of 8, τ 0.5", "32 (8×)")]
+    loose = _row(t.frame, rule="4 of 8, τ 0.5", **{"test depth": "32 (8×)"})
+    assert (loose["halting (%)"], loose["oracle (%)"], loose["oracle − halting (pts)"]) == (
+        "55.0 ± 7.1 (2)", "90.0 ± 0.0 (2)", "35.0 ± 7.1 (2)")
+    assert (loose["iterations"], loose["never halted (%)"], loose["R − ⌈d/c⌉"], loose["spread of R"]) == (
+        "31.0", "0.0 ± 0.0 (2)", "-1.0 ± 0.0 (2)", "0.2")
+    paper = _row(t.frame, rule="6 of 8, τ 0.5", **{"test depth": "32 (8×)"})
+    assert (paper["halting (%)"], paper["never halted (%)"]) == ("75.0 ± 7.1 (2)", "10.0 ± 0.0 (2)")
+    assert "k of n, τ" in t.notes[0]
+    # the main table reads only the accuracy frame
+    assert tables.main_results(_summary(records)).frame.height == 1
+
+
+def test_halting_rule_labels_survive_an_mlflow_style_string_round_trip_of_tau():
+    records = _two_rule_records()
+    records[0]["metrics"] |= {"halt_acc_d8_k6n8t1e-05": 0.1, "halt_acc_d8_k2n4t0.25": 0.2}
+    h = load.frames_from_trials(load.trials_frame(records)).halting
+    assert _row(h, rule="6 of 8, τ 0.00001", depth=8)["halt_tau"] == 1e-05
+    assert _row(h, rule="2 of 4, τ 0.25", depth=8)["halt_acc"] == 0.2
 
 
 @pytest.mark.parametrize("kind", load.DEPTH_KINDS)
