@@ -2,13 +2,17 @@
 
 Recipes ``par_halt`` (the halting read-out trained jointly with PAR: loss PAR + 0.5 × class-balanced halting CE) and
 ``par_halt_posthoc`` (PAR, then a halting read-out stage on the last 10 % of the steps with all but the coda frozen),
-each evaluated by a stopping rule "k of n, τ" (``eval.halt_k``, ``eval.halt_n``, ``eval.halt_tau``): the answer is
-read at the first iteration R with P(Yes) > τ such that at least k of R … R+n−1 exceed τ (R_max: ``eval.halt_max_
-iterations``), against oracle stopping R = ⌈d/c⌉. The rule is an evaluation setting, so each rule is its own trial.
+each evaluated by a stopping rule "k of n, τ": the answer is read at the first iteration R with P(Yes) > τ such that
+at least k of R … R+n−1 exceed τ (R_max: ``eval.halt_max_iterations``), against oracle stopping R = ⌈d/c⌉. The rule
+is an evaluation setting: one halting pass runs R_max iterations and computes P(Yes) at every one, so every rule is
+read from that pass. One trial per (recipe, seed) therefore evaluates the paper's rule (``eval.halt_k``,
+``eval.halt_n``, ``eval.halt_tau``, metrics ``halt_acc_d{D}`` …) and, under the paper preset, the other rules of
+:data:`PAPER_RULES` beside it (``eval.halt_rules``, metrics ``halt_acc_d{D}_k{k}n{n}t{τ}`` …); the halting table has a
+row per rule (``analysis``).
 
-Presets: ``local`` — the paper's rule (6 of 8, τ = 0.5) only, tiny-qwen2 × 3 seeds (6 trials, the main job's CPU
+Presets: ``local`` — the paper's rule (6 of 8, τ = 0.5), tiny-qwen2 × 3 seeds (6 trials, the main job's CPU
 budget); ``paper`` — that rule and the variants of :data:`PAPER_RULES` (looser and stricter k of n, τ 0.3 and 0.7),
-Qwen2.5-0.5B × 3 seeds.
+Qwen2.5-0.5B × 3 seeds (6 trials).
 
     python sweeps/halting.py                               # local: 2 recipes × 3 seeds
     python sweeps/halting.py --dry-run --preset paper      # the trial plan with the planner's memory per GPU
@@ -25,12 +29,6 @@ PAPER_RULES = (PAPER_RULE, (4, 8, 0.5), (8, 8, 0.5), (1, 1, 0.5), (6, 8, 0.3), (
 """The rules the paper preset compares: the paper's, looser (4 of 8) and stricter (8 of 8) windows, the first
 crossing (1 of 1), and τ 0.3 / 0.7 with the paper's window."""
 
-
-def rule_cells(rules: tuple[tuple[int, int, float], ...]) -> tuple[dict, ...]:
-    """One grid cell per (k, n, τ): the ``eval.halt_*`` fields it sets."""
-    return tuple({"eval.halt_k": k, "eval.halt_n": n, "eval.halt_tau": tau} for k, n, tau in rules)
-
-
 SPEC = SweepSpec(
     name="halting",
     description=__doc__.splitlines()[0],
@@ -38,7 +36,8 @@ SPEC = SweepSpec(
     tasks=("swap_s5",),
     backbones={"local": ("tiny-qwen2",), "paper": ("qwen2.5-0.5b",)},
     seeds=(0, 1, 2),
-    cells={"local": rule_cells((PAPER_RULE,)), "paper": rule_cells(PAPER_RULES)},
+    overrides=dict(zip(("eval.halt_k", "eval.halt_n", "eval.halt_tau"), PAPER_RULE)),
+    preset_overrides={"paper": {"eval.halt_rules": tuple(r for r in PAPER_RULES if r != PAPER_RULE)}},
 )
 
 if __name__ == "__main__":

@@ -433,19 +433,23 @@ def test_cells_refuse_a_search_and_bad_cell_values_name_the_trial():
                          Options(seeds=(0,)), "local")
 
 
-def test_halting_sweep_crosses_recipes_with_stopping_rules():
+def test_halting_sweep_evaluates_every_stopping_rule_in_one_trial_per_recipe_and_seed():
     module = _load(ROOT / "sweeps/halting.py")
-    local = sweep.build_plan(module.SPEC, Options(preset="local"), "local")
-    assert sorted((c.recipe.name, c.train.seed) for _, c in local.trials) == [
-        (r, s) for r in ("par_halt", "par_halt_posthoc") for s in (0, 1, 2)]
-    assert {(c.eval.halt_k, c.eval.halt_n, c.eval.halt_tau) for _, c in local.trials} == {(6, 8, 0.5)}
-    assert all(c.task.name == "swap_s5" for _, c in local.trials)
-    paper = sweep.build_plan(module.SPEC, Options(preset="paper"), "paper")
-    rules = {(c.recipe.name, c.eval.halt_k, c.eval.halt_n, c.eval.halt_tau) for _, c in paper.trials}
-    assert rules == {(r, *rule) for r in ("par_halt", "par_halt_posthoc") for rule in module.PAPER_RULES}
-    assert (6, 8, 0.5) in module.PAPER_RULES and len(paper.trials) == 2 * len(module.PAPER_RULES) * 3
-    joint = [c for _, c in paper.trials if c.recipe.name == "par_halt"]
-    posthoc = [c for _, c in paper.trials if c.recipe.name == "par_halt_posthoc"]
+    for preset in ("local", "paper"):
+        plan = sweep.build_plan(module.SPEC, Options(preset=preset), preset)
+        assert sorted((c.recipe.name, c.train.seed) for _, c in plan.trials) == [
+            (r, s) for r in ("par_halt", "par_halt_posthoc") for s in (0, 1, 2)]  # 6 trials, not one per rule
+        assert {(c.eval.halt_k, c.eval.halt_n, c.eval.halt_tau) for _, c in plan.trials} == {module.PAPER_RULE}
+        assert all(c.task.name == "swap_s5" for _, c in plan.trials)
+        if preset == "local":
+            assert all(c.eval.halt_rules == () for _, c in plan.trials)
+    # paper: the primary rule plus the other PAPER_RULES as eval.halt_rules, i.e. every rule once
+    assert all({(c.eval.halt_k, c.eval.halt_n, c.eval.halt_tau), *c.eval.halt_rules} == set(module.PAPER_RULES)
+               and len(c.eval.halt_rules) == len(module.PAPER_RULES) - 1 for _, c in plan.trials)
+    assert plan.param_space["eval.halt_rules"] == "4/8/0.5,8/8/0.5,1/1/0.5,6/8/0.3,6/8/0.7"  # Tune gets the text
+    assert sweep.resolve(plan.trials[0][0]).eval.halt_rules == plan.trials[0][1].eval.halt_rules
+    joint = [c for _, c in plan.trials if c.recipe.name == "par_halt"]
+    posthoc = [c for _, c in plan.trials if c.recipe.name == "par_halt_posthoc"]
     assert all(c.recipe.halting and len(c.stages) == 1 for c in joint)
     assert all(not c.recipe.halting and c.stages[-1].recipe == "halt_readout" for c in posthoc)
 
@@ -464,13 +468,15 @@ def test_prior_benchmarks_use_fan_et_al_lengths_under_the_paper_preset():
 
 
 def test_dry_run_of_the_halting_sweep_prints_rules_and_planner_memory(capsys, tmp_path):
-    """``python sweeps/halting.py --dry-run --preset paper`` in-process: one row per trial with its stopping rule, its
-    GPUs and the planner's memory per GPU (the halting query counted)."""
+    """``python sweeps/halting.py --dry-run --preset paper`` in-process: 6 trials (recipes × seeds; the stopping rules
+    are evaluated together in each), the rules every trial sets, its GPUs and the planner's memory per GPU (the
+    halting query counted)."""
     module = _load(ROOT / "sweeps/halting.py")
     assert sweep.run_sweep(module.SPEC, Options(preset="paper", dry_run=True, storage=str(tmp_path))) == 0
     out = capsys.readouterr().out
-    assert "36 trials (grid: 6 cells × recipes × tasks × backbones × seeds)" in out
+    assert "6 trials (grid: recipes × tasks × backbones × seeds)" in out
+    assert ("every trial: eval.halt_k=6, eval.halt_n=8, eval.halt_tau=0.5, "
+            "eval.halt_rules=4/8/0.5,8/8/0.5,1/1/0.5,6/8/0.3,6/8/0.7") in out.splitlines()
     rows = [line for line in out.splitlines() if line.startswith("| ") and "| qwen2.5-0.5b |" in line]
-    assert len(rows) == 36 and all(" GB (" in row and "| ddp | 1 | 1 GPU" in row for row in rows)
-    assert sum("| eval.halt_k=6, eval.halt_n=8, eval.halt_tau=0.5 |" in row for row in rows) == 6
-    assert sum("| par_halt_posthoc |" in row for row in rows) == 18
+    assert len(rows) == 6 and all(" GB (" in row and "| ddp | 1 | 1 GPU" in row for row in rows)
+    assert sum("| par_halt_posthoc |" in row for row in rows) == 3

@@ -17,13 +17,14 @@ from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown
 from par_ray.sweep.run import print_summary, run_sweep, sweep_status, trial_outcome
 from par_ray.sweep.spec import (CELL_KEY, DEFAULT_STORAGE, GRID_DIMS, METRIC_ALIASES, PRESET_CHOICES,
                                 TRAIN_MAX_FAILURES, TUNE_MAX_FAILURES, Options, Plan, Recipe, Search, SweepConfigError,
-                                SweepSpec, build_plan, cell_errors, cells_of, count_trials, default_seeds, resolve,
-                                trial_label)
+                                SweepSpec, build_plan, cell_errors, cells_of, count_trials, default_seeds,
+                                fixed_overrides, resolve, trial_label)
 
 __all__ = [
     "CELL_KEY", "DEFAULT_STORAGE", "DRIVER_RESOURCES", "GRID_DIMS", "METRIC_ALIASES", "PRESET_CHOICES",
     "TRAIN_MAX_FAILURES", "TUNE_MAX_FAILURES", "Options", "Plan", "Recipe", "Search", "SweepConfigError", "SweepSpec",
     "autoscaler_limits_unknown", "build_plan", "cell_errors", "cells_of", "cluster_capacity", "connect",
-    "count_trials", "default_seeds", "main", "max_concurrent_trials", "parse_args", "print_plan", "print_summary",
-    "ray_address", "resolve", "run_sweep", "sweep_status", "trial_label", "trial_outcome", "trial_resources",
+    "count_trials", "default_seeds", "fixed_overrides", "main", "max_concurrent_trials", "parse_args", "print_plan",
+    "print_summary", "ray_address", "resolve", "run_sweep", "sweep_status", "trial_label", "trial_outcome",
+    "trial_resources",
 ]

@@ -15,7 +15,7 @@ import sys
 import typing
 
 from par_ray.config import TrialConfig
-from par_ray.sweep.spec import GRID_DIMS, Plan, SweepConfigError, cells_of, domain_ends
+from par_ray.sweep.spec import GRID_DIMS, Plan, SweepConfigError, cells_of, domain_ends, fixed_overrides
 
 DRIVER_RESOURCES = {"CPU": 0.0, "memory": 512 * 2**20}
 """What a trial's driver (a Tune actor that only waits on its TorchTrainer) reserves. Memory, not a CPU sliver: on a
@@ -214,6 +214,9 @@ def print_plan(plan: Plan, train_storage: str) -> None:
               f"over {len(shown)} grid point(s); search space:")
         for k, d in plan.search.space.items():
             print(f"  {k}: {_describe_domain(d)}")
+    fixed = fixed_overrides(plan.spec, plan.preset)
+    if fixed:  # e.g. the halting sweep's stopping rules, which no table column shows
+        print("every trial: " + ", ".join(f"{k}={v}" for k, v in fixed.items()))
     cell_col = " cell |" if cell_keys else ""
     print(f"| # | recipe | backbone | task | seed |{cell_col} strategy | GPUs/workers | Ray reservation (Train workers "
           f"+ trial driver) | steps | d_train | test depths | trial memory per GPU (planner) |")

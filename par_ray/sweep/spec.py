@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field, replace
 
 from par_ray import presets
-from par_ray.config import TrialConfig, from_flat
+from par_ray.config import TrialConfig, flat_value, from_flat
 from par_ray.distill import uses_ema
 from par_ray.model.backbones import BACKBONES
 from par_ray.recipes import RECIPES, apply_recipe
@@ -177,8 +177,7 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
     if cells:  # the cells replace the dimensions they name; the others cross with them
         dims = {CELL_KEY: tuple(_flat_values(c) for c in cells), **{k: v for k, v in dims.items() if k not in cells[0]}}
 
-    fixed: dict[str, typing.Any] = {"preset": preset, **_flat_values(spec.overrides),
-                                    **_flat_values(spec.preset_overrides.get(preset, {}))}
+    fixed: dict[str, typing.Any] = {"preset": preset, **fixed_overrides(spec, preset)}
     if opts.smoke_test:
         fixed.update(_flat_values(presets.smoke_overrides(presets.preset_trial(preset, backbones[0]))))
     search = spec.search
@@ -222,6 +221,12 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
     if search is not None:
         metric, mode = _check_metric(search.metric, search.mode, [cfg for _, cfg in trials])
     return Plan(spec=spec, preset=preset, param_space=space, trials=trials, search=search, metric=metric, mode=mode)
+
+
+def fixed_overrides(spec: SweepSpec, preset: str) -> dict[str, typing.Any]:
+    """The flat overrides every trial of ``spec`` gets under ``preset``: ``overrides``, then that preset's
+    ``preset_overrides``, tuples in their ``to_flat`` text."""
+    return {**_flat_values(spec.overrides), **_flat_values(spec.preset_overrides.get(preset, {}))}
 
 
 def default_seeds(spec: SweepSpec, preset: str) -> tuple[int, ...]:
@@ -270,8 +275,14 @@ def _unpack(point: dict[str, typing.Any]) -> dict[str, typing.Any]:
 
 
 def _flat_values(flat: typing.Mapping[str, typing.Any]) -> dict[str, typing.Any]:
-    """Tuples as comma-joined strings (the ``to_flat`` form), so Tune never expands them."""
-    return {k: ",".join(str(x) for x in v) if isinstance(v, (tuple, list)) else v for k, v in flat.items()}
+    """Tuples (and lists) in their ``to_flat`` text (``"8,16,32"``; rules ``"4/8/0.5,8/8/0.5"``), so Tune never
+    expands them."""
+    return {k: flat_value(_tuples(v)) if isinstance(v, (tuple, list)) else v for k, v in flat.items()}
+
+
+def _tuples(value: tuple | list) -> tuple:
+    """``value`` with its lists (and the lists in it) as tuples, as :func:`par_ray.config.flat_value` reads them."""
+    return tuple(_tuples(v) if isinstance(v, (tuple, list)) else v for v in value)
 
 
 def domain_ends(key: str, domain: typing.Any) -> list[typing.Any]:
