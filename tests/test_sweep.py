@@ -441,11 +441,9 @@ def test_halting_sweep_evaluates_every_stopping_rule_in_one_trial_per_recipe_and
             (r, s) for r in ("par_halt", "par_halt_posthoc") for s in (0, 1, 2)]  # 6 trials, not one per rule
         assert {(c.eval.halt_k, c.eval.halt_n, c.eval.halt_tau) for _, c in plan.trials} == {module.PAPER_RULE}
         assert all(c.task.name == "swap_s5" for _, c in plan.trials)
-        if preset == "local":
-            assert all(c.eval.halt_rules == () for _, c in plan.trials)
-    # paper: the primary rule plus the other PAPER_RULES as eval.halt_rules, i.e. every rule once
-    assert all({(c.eval.halt_k, c.eval.halt_n, c.eval.halt_tau), *c.eval.halt_rules} == set(module.PAPER_RULES)
-               and len(c.eval.halt_rules) == len(module.PAPER_RULES) - 1 for _, c in plan.trials)
+        # the primary rule plus the other PAPER_RULES as eval.halt_rules, i.e. every rule once (both presets)
+        assert all({(c.eval.halt_k, c.eval.halt_n, c.eval.halt_tau), *c.eval.halt_rules} == set(module.PAPER_RULES)
+                   and len(c.eval.halt_rules) == len(module.PAPER_RULES) - 1 for _, c in plan.trials)
     assert plan.param_space["eval.halt_rules"] == "4/8/0.5,8/8/0.5,1/1/0.5,6/8/0.3,6/8/0.7"  # Tune gets the text
     assert sweep.resolve(plan.trials[0][0]).eval.halt_rules == plan.trials[0][1].eval.halt_rules
     joint = [c for _, c in plan.trials if c.recipe.name == "par_halt"]
