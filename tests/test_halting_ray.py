@@ -72,7 +72,7 @@ def test_reference_has_both_stages_and_halting_metrics(reference):
     assert {"halt_acc_d6", "oracle_acc_d6", "never_halted_d6", "halt_dR_mean_d6"} <= set(reference[-1])
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.full_only), "fsdp"])
 def test_two_workers_match_single_process(ray_cluster, reference, tmp_path, strategy):
     result, reports = fit(trial(strategy=strategy), tmp_path)
     assert_same(reports, reference, result.metrics, reference[-1])

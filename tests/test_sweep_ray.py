@@ -102,6 +102,7 @@ FAILING_SWEEP = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.full_only
 def test_resume_finishes_failed_trials_without_rerunning_or_duplicating(tmp_path, sweep_runs):
     from mlflow.tracking import MlflowClient
 
@@ -134,6 +135,7 @@ def test_resume_finishes_failed_trials_without_rerunning_or_duplicating(tmp_path
     assert {a.path for a in client.list_artifacts(ids["par_fail"])} == set(tracking.ARTIFACTS)
 
 
+@pytest.mark.full_only
 def test_optuna_search_with_asha_on_G(tmp_path, sweep_runs):
     storage = tmp_path / "storage"
     r = _sweep("search", "--preset", "local", "--smoke-test", "--num-samples", "3", "--storage", str(storage))

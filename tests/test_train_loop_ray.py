@@ -157,7 +157,9 @@ def deepspeed_ops():
     build_deepspeed_ops()
 
 
-@pytest.mark.parametrize("zero_stage,zero_offload", [(1, False), (2, False), (3, False), (2, True)],
+@pytest.mark.parametrize("zero_stage,zero_offload", [pytest.param(1, False, marks=pytest.mark.full_only),
+                                                     pytest.param(2, False, marks=pytest.mark.full_only), (3, False),
+                                                     pytest.param(2, True, marks=pytest.mark.full_only)],
                          ids=["zero1", "zero2", "zero3", "zero2-offload"])
 def test_deepspeed_two_workers_match_ddp(ray_cluster, deepspeed_ops, ddp_run, ddp_dir, tmp_path, zero_stage,
                                          zero_offload):
@@ -168,7 +170,8 @@ def test_deepspeed_two_workers_match_ddp(ray_cluster, deepspeed_ops, ddp_run, dd
     assert_export_loads(tmp_path, result, "deepspeed", like=ddp_dir)
 
 
-@pytest.mark.parametrize("strategy,zero_stage,abs_tol", [("ddp", 2, 1e-6), ("deepspeed", 3, LOSS_ATOL)],
+@pytest.mark.parametrize("strategy,zero_stage,abs_tol",
+                         [("ddp", 2, 1e-6), pytest.param("deepspeed", 3, LOSS_ATOL, marks=pytest.mark.full_only)],
                          ids=["ddp", "deepspeed-zero3"])
 def test_killed_worker_resumes_from_checkpoint_with_same_final_metrics(ray_cluster, deepspeed_ops, ddp_run, tmp_path,
                                                                         strategy, zero_stage, abs_tol):
@@ -184,6 +187,7 @@ def test_killed_worker_resumes_from_checkpoint_with_same_final_metrics(ray_clust
     assert_same_final(result.metrics, ddp_run[0].metrics, abs_tol=abs_tol)  # ddp: bit-for-bit resumption
 
 
+@pytest.mark.full_only
 def test_fsdp_checkpoint_from_two_workers_resumes_on_one(ray_cluster, reference, tmp_path):
     # 2 workers write sharded checkpoints at steps 3 (and would at 6); rank 0 dies at step index 4 with no retries.
     two = trial(strategy="fsdp", fail_at_step=4)
@@ -212,7 +216,9 @@ class _ToMLflow(ray.train.UserCallback):
         self.tracker.log_metrics(self.trial_id, metrics[0], int(metrics[0]["step"]))
 
 
-@pytest.mark.parametrize("fail_at_step", [3, 4, 5], ids=["offset0", "offset1", "offset2"])
+@pytest.mark.parametrize("fail_at_step", [pytest.param(3, marks=pytest.mark.full_only), 4,
+                                          pytest.param(5, marks=pytest.mark.full_only)],
+                         ids=["offset0", "offset1", "offset2"])
 def test_fault_at_every_offset_from_checkpoint_logs_each_step_once(ray_cluster, ddp_run, tmp_path, fail_at_step):
     # Checkpoint and evaluation at step 3 (and 6); rank 0 dies before training step fail_at_step + 1, i.e. 0, 1 or 2
     # reports after the checkpoint. The restarted group resumes at 3 and replays those steps.
@@ -240,6 +246,7 @@ def test_fault_at_every_offset_from_checkpoint_logs_each_step_once(ray_cluster, 
     assert [m.step for m in client.get_metric_history(run_id, "acc_d4")] == list(range(3, STEPS + 1))
 
 
+@pytest.mark.full_only
 def test_rerun_with_another_config_is_refused_and_the_same_config_resumes(ray_cluster, ddp_run, ddp_dir):
     # Same run name and storage as the finished ddp run, another learning rate and step count: refused before any
     # state is loaded, naming the fields.
