@@ -240,3 +240,20 @@ def test_measured_peak_does_not_grow_with_R(one_thread):
     bench = _bench()
     rows = bench.r_sweep(bench.Shape("tiny-qwen2", micro_batch=1, seq_len=16, R=2, grad_window=2), (2, 10))
     assert rows[1]["measured_ratio"] <= 1.3 and rows[1]["planned_ratio"] <= 1.3
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# GPU types: the names Ray gives the cards, and the paper preset's choice of type and GPU count
+
+def test_gpu_types_are_the_names_ray_gives_the_cards():
+    from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
+    from ray.util.accelerators import accelerators
+
+    ray_names = {v for k, v in vars(accelerators).items() if k.isupper() and isinstance(v, str)}
+    assert set(planner.GPU_MEMORY_GB) <= ray_names
+    # the node resource accelerator_type:<type> Ray 2.60 derives from each card's NVML device name
+    for nvml_name, expected in [("NVIDIA L4", "L4"), ("NVIDIA A10G", "A10G"), ("NVIDIA L40S", "L40S"),
+                                ("NVIDIA A100-SXM4-40GB", "A100"), ("NVIDIA A100-SXM4-80GB", "A100"),
+                                ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200")]:
+        assert NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(nvml_name) == expected
+    assert planner.GPU_MEMORY_GB["A100"] == 40  # both A100 sizes read "A100": plan for the smaller one

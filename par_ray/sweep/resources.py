@@ -252,34 +252,12 @@ def _describe_domain(domain: typing.Any) -> str:
 
 
 def _memory_estimate(cfg: TrialConfig) -> str:
-    """Peak memory per GPU of one training step from ``par_ray.planner`` at the largest train depth."""
+    """Peak memory per GPU of one training step from ``par_ray.planner.plan_trial`` at the largest train depth."""
     try:
-        from par_ray.halting import NUM_HALT_TOKENS
-        from par_ray.distill import uses_ema
-        from par_ray.planner import plan as plan_memory
-        from par_ray.stages import uses_halting
-        from par_ray.tasks import get_task
-        from par_ray.cot import CotTask, cot_tokens
-        from par_ray.schedules import iterations_at
+        from par_ray.planner import plan_trial
 
-        task, tr, rc = get_task(cfg.task.name), cfg.train, cfg.recipe
-        # the chain-of-thought baseline trains on prompt + trace: its sequences are the longer ones
-        data = CotTask(task, cot_tokens(task.vocab_size)) if rc.cot else task
-        episode = data.sample(cfg.task.train_depth, 1, seed=0)
-        halt = int(uses_halting(cfg))  # the halting query: one more token and one more read position
-        R = rc.max_iterations if rc.depth_schedule == "hold" or not rc.tied else iterations_at(
-            cfg.task.train_depth, rc.ops_per_iteration, rc.fixed_iterations)
-        estimate = plan_memory(
-            cfg.backbone.name, tr.strategy, tr.num_workers, R=min(R, rc.max_iterations), grad_window=rc.grad_window,
-            micro_batch=tr.batch_size // tr.num_workers, seq_len=int(episode.input_ids.shape[1]) + halt,
-            zero_stage=tr.zero_stage, offload=tr.zero_offload, dtype="bf16" if tr.use_gpu else "fp32",
-            read_positions=int(episode.read_positions.numel()) + halt, split=cfg.backbone.split, tied=rc.tied,
-            untied_copies=rc.max_iterations, anchoring=rc.anchoring,
-            # checkpoints keep their vocabulary; a task vocabulary gains the halting tokens (par_ray.halting)
-            vocab_size=None if cfg.backbone.pretrained else task.vocab_size + NUM_HALT_TOKENS * halt,
-            ema=uses_ema(cfg))
+        estimate = plan_trial(cfg)
     except Exception as e:  # noqa: BLE001 - the planner is optional for a dry run; say why it is missing
         return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
     teacher = f", EMA teacher {estimate.teacher / 1e9:.2f} GB included" if estimate.teacher else ""
     return f"{estimate.total / 1e9:.2f} GB ({estimate.peak_phase}{teacher})"
-
