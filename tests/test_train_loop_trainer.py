@@ -160,3 +160,16 @@ def test_diverging_trial_fails_at_once_naming_step_and_loss(tmp_path):
         err = err.__cause__ or err.__context__
     text = " | ".join(chain)
     assert "diverged at step" in text and ("loss nan" in text or "loss inf" in text), text
+
+
+def test_accelerator_type_reaches_ray_trains_scaling_config():
+    """Every worker asks for the node's ``accelerator_type:<type>`` resource (Ray adds 0.001 per worker), so Ray
+    places, and the autoscaler launches, only nodes of that GPU type; ``""`` asks for any GPU."""
+    from par_ray import presets
+
+    cfg = with_overrides(presets.paper_trial("qwen2.5-0.5b"), train={"num_workers": 2, "accelerator_type": "L40S"})
+    scaling = build_trainer(cfg, "x", "/tmp/par_ray_unused").scaling_config
+    assert scaling.accelerator_type == "L40S" and scaling.use_gpu
+    assert scaling.total_resources == {"GPU": 2.0, "accelerator_type:L40S": pytest.approx(0.002)}
+    assert build_trainer(presets.paper_trial("qwen2.5-0.5b"), "x", "/tmp/par_ray_unused").scaling_config \
+        .accelerator_type is None
