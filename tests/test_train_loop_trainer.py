@@ -84,7 +84,8 @@ def test_run_name_hashes_the_whole_config_but_not_placement():
     name = run_name(cfg)
     assert name.startswith("par-tiny-qwen2-swap_s5-seed0-ddp-") and name == run_name(TrialConfig())
     # where the run is placed resumes the same run; anything trained differently is another run
-    for same in ({"num_workers": 4}, {"threads_per_worker": 2}, {"fail_at_step": 3}, {"collective_timeout_s": 60.0}):
+    for same in ({"num_workers": 4}, {"threads_per_worker": 2}, {"fail_at_step": 3}, {"collective_timeout_s": 60.0},
+                 {"accelerator_type": "H100"}):
         assert run_name(with_overrides(cfg, train=same)) == name, same
     for other in ({"lr": 3e-4}, {"steps": 10}, {"strategy": "fsdp"}, {"seed": 1}, {"batch_size": 32}):
         assert run_name(with_overrides(cfg, train=other)) != name, other
@@ -97,6 +98,11 @@ def test_resume_mismatch_names_fields_and_ignores_placement():
     b = to_flat(with_overrides(TrialConfig(), train={"lr": 3e-4, "steps": 10, "num_workers": 2}))
     assert resume_mismatch(a, b) == ["train.lr: 0.001 → 0.0003", "train.steps: 3000 → 10"]
     assert resume_mismatch(a, json.loads(json.dumps(a))) == []  # read back from extra.json / config.json
+    # the GPU type is placement too; a checkpoint written before the field existed has none
+    typed = to_flat(with_overrides(TrialConfig(), train={"use_gpu": True, "accelerator_type": "L40S"}))
+    older = {k: v for k, v in to_flat(with_overrides(TrialConfig(), train={"use_gpu": True})).items()
+             if k != "train.accelerator_type"}
+    assert resume_mismatch(older, typed) == []
 
 
 def test_torch_config_times_collectives_out_after_the_configured_seconds():
