@@ -82,6 +82,24 @@ def test_every_shipped_sweep_fits_the_gpu_types_of_the_shipped_clusters(path, gp
         assert plan_trial(cfg).fits(presets.PAPER_HEADROOM * GPU_MEMORY_GB[tr.accelerator_type]), trial_label(cfg)
 
 
+@pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
+def test_every_shipped_paper_trial_fits_an_80_gb_gpu_without_gpu_types(path):
+    """Without ``--gpu-types`` the parallelism is still chosen for each trial as it runs (its recipe counted: a CoT
+    trace, untied copies, an EMA teacher), not only for the preset's ``par`` base trial."""
+    from par_ray.planner import plan_trial
+
+    plan = sweep.build_plan(_load(path).SPEC, Options(preset="paper"), "paper")
+    for _, cfg in plan.trials:
+        assert cfg.train.accelerator_type == ""
+        assert plan_trial(cfg).fits(presets.PAPER_HEADROOM * presets.PAPER_GPU_MEMORY_GB), trial_label(cfg)
+
+
+def test_an_untied_7b_trial_gets_more_gpus_than_its_par_base_trial():
+    base = sweep.resolve({"preset": "paper", "recipe": "par", "backbone.name": "qwen2.5-7b"})
+    untied = sweep.resolve({"preset": "paper", "recipe": "untied", "backbone.name": "qwen2.5-7b"})
+    assert untied.train.num_workers > base.train.num_workers and untied.train.strategy != "deepspeed"
+
+
 def test_backbone_scaling_local_grid_is_two_tiny_families_times_three_seeds():
     plan = sweep.build_plan(_load(ROOT / "sweeps/backbone_scaling.py").SPEC, Options(preset="local"), "local")
     assert sorted((c.backbone.name, c.train.seed) for _, c in plan.trials) == [

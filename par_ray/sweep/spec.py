@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 
 from par_ray import presets
 from par_ray.config import TrialConfig, from_flat
-from par_ray.distill import uses_ema
 from par_ray.model.backbones import BACKBONES
 from par_ray.recipes import RECIPES, apply_recipe
 
@@ -148,9 +147,9 @@ def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mappi
     (from ``RECIPES`` or ``extra_recipes``) → the ``recipe.*`` keys (so a search over ``recipe.hold_lambda`` wins over
     the recipe's value). A ``cell`` param (one of ``SweepSpec.cells``, as Tune's grid hands it over) is read as its
     flat keys; the :data:`GPU_TYPES_KEY` param as the paper preset's GPU types. Under the paper preset, unless the
-    params set one of :data:`PARALLELISM_KEYS`, the parallelism is chosen again for the config as resolved: with GPU
-    types, for every trial (``presets.fit_parallelism``: recipe, overrides and EMA teacher counted, cheapest type
-    first); without, for a recipe with an EMA teacher (the teacher counted, 80 GB). Raises ``ValueError`` naming
+    params set one of :data:`PARALLELISM_KEYS`, the parallelism is chosen again for the config as resolved
+    (``presets.fit_parallelism``: recipe, overrides and EMA teacher counted; with GPU types, cheapest type first;
+    without, 80 GB GPUs of any type). Raises ``ValueError`` naming
     unknown keys / values; does not validate ranges.
     """
     params = {**{k: v for k, v in params.items() if k != CELL_KEY}, **dict(params.get(CELL_KEY) or {})}
@@ -162,13 +161,10 @@ def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mappi
     recipe = str(params.get("recipe", "par"))
     cfg = extra_recipes[recipe](cfg) if extra_recipes and recipe in extra_recipes else apply_recipe(cfg, recipe)
     choose = params["preset"] == "paper" and not PARALLELISM_KEYS & set(flat)
-    if choose and not gpu_types and uses_ema(cfg):
-        # the preset chose the parallelism without the recipe's EMA teacher (par_ray.distill): choose again with it
-        cfg = from_flat(presets.paper_parallelism(cfg.backbone.name, cfg.task.name, ema=True), base=cfg)
     cfg = from_flat({k: v for k, v in flat.items() if k.startswith("recipe.")}, base=cfg)
-    if choose and gpu_types:
-        # the preset chose for its base trial; a small card needs the trial as it runs (a CoT trace, untied copies,
-        # an EMA teacher, a searched window), so choose the type and GPU count again for this config
+    if choose:
+        # the preset chose for its base trial (par); the trial as it runs may need more (a CoT trace, untied copies,
+        # an EMA teacher, a searched window), so choose the GPU count (and type) again for this config
         cfg = from_flat(presets.fit_parallelism(cfg, gpu_types), base=cfg)
     return cfg
 
