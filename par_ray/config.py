@@ -196,6 +196,10 @@ class TrainConfig:
     """Ray Train workers (one process per GPU on a GPU cluster)."""
     use_gpu: bool = False
     """Run workers on GPUs (bf16 autocast, NCCL); ``False``: CPU, float32, gloo."""
+    accelerator_type: str = ""
+    """GPU type every worker of the trial requires, a key of ``par_ray.planner.GPU_MEMORY_GB`` (Ray's name, e.g.
+    ``"L40S"``, ``"H100"``; Ray Train's ``ScalingConfig(accelerator_type=...)``); ``""`` = any GPU. Needs
+    ``use_gpu``."""
     threads_per_worker: int = 0
     """torch intra-op threads per worker (0 = leave torch's default)."""
     eval_every: int = 500
@@ -468,6 +472,13 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     check("train.strategy recipe.tied", lambda: tr.strategy != "deepspeed" or r.tied,
           "'deepspeed' cannot train the untied baseline (recipe.tied=False): use 'ddp' or 'fsdp' (docs/distributed.md)")
     one_of("train.zero_stage", ZERO_STAGES)
+    if tr.accelerator_type and "train.accelerator_type" not in bad:
+        from par_ray.planner import GPU_MEMORY_GB  # local: keeps config importable without torch at import time
+
+        check("train.accelerator_type", lambda: tr.accelerator_type in GPU_MEMORY_GB,
+              f"{tr.accelerator_type!r} is not '' (any GPU) or one of {list(GPU_MEMORY_GB)}")
+        check("train.accelerator_type train.use_gpu", lambda: tr.use_gpu is True,
+              f"{tr.accelerator_type!r} selects GPU nodes, so it needs train.use_gpu=true (or '' on CPU)")
     at_least("train.fail_at_step", -1, " (-1 = off)")
     check("train.collective_timeout_s", lambda: tr.collective_timeout_s >= 1,
           f"must be >= 1 second, got {tr.collective_timeout_s}")

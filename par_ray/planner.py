@@ -105,15 +105,30 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+import typing
 from dataclasses import dataclass
 
 from par_ray.model import backbones
 from par_ray.model.looped import LoopedLM
 
+if typing.TYPE_CHECKING:
+    from par_ray.config import TrialConfig
+
 STRATEGIES = ("ddp", "fsdp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
 DTYPES = ("bf16", "fp32")
 GPU_SIZES_GB = (80, 141)
+GPU_MEMORY_GB = {"A10G": 24, "L4": 24, "L40S": 48, "A100": 40, "A100-40G": 40, "A100-80G": 80, "H100": 80,
+                 "H200": 141}
+"""Ray accelerator type → GB per GPU (decimal, the product figure), for ``train.accelerator_type`` and the paper
+preset's ``--gpu-types``. The keys are the strings Ray 2.60 uses in a node's ``accelerator_type:<type>`` resource
+(``ray.util.accelerators``): on NVIDIA nodes Ray derives the type from the NVML device name
+(``ray/_private/accelerators/nvidia_gpu.py``, the first model token: "NVIDIA L40S" → L40S, "NVIDIA H100 80GB HBM3"
+→ H100, "NVIDIA A100-SXM4-80GB" → A100), and a cluster config may declare it for nodes not yet started. Both A100
+sizes read "A100", so that key counts the 40 GB card; "A100-40G" / "A100-80G" are labels Ray never adds itself: a
+node type must declare them (``resources: {"accelerator_type:A100-80G": 1}``). H100 counts the 80 GB SXM/PCIe card
+(the 94 GB H100 NVL reads "H100" too); H200 is the 141 GB card. Cards without bf16 (T4, V100) are left out: the
+paper preset trains in bf16."""
 DEEPSPEED_BUCKET = 500_000_000
 """DeepSpeed's default ``reduce_bucket_size`` and ``allgather_bucket_size`` (elements)."""
 DEEPSPEED_MAX_LIVE = 1_000_000_000
@@ -462,6 +477,45 @@ def plan(backbone: str, strategy: str, world_size: int, R: int, grad_window: int
         backward_grads=backward_grads, backward_workspace=backward_workspace, step_workspace=step_workspace,
         buffers=buffers, host=host, teacher=(4 * local if strategy == "fsdp" else 4 * psi) if ema else 0,
     )
+
+
+def plan_trial(cfg: TrialConfig) -> MemoryPlan:
+    """The :func:`plan` of one trial's training step, at its largest train depth, per GPU (per worker).
+
+    The one mapping from a :class:`~par_ray.config.TrialConfig` to the planner's workload, read by the sweeps' dry
+    run and by the paper preset's choice of strategy, GPU count and GPU type (``par_ray.presets.fit_parallelism``):
+    R as the recipe draws it at ``task.train_depth`` (``recipe.max_iterations`` under the hold schedule or untied
+    copies; capped at ``recipe.max_iterations``), the global batch split over ``train.num_workers``, the prompt
+    length and read positions of one episode at ``task.train_depth`` (the chain-of-thought baseline's prompt +
+    trace, ``par_ray.cot``; one more token and read position for a halting query, ``par_ray.halting``), the
+    checkpoint's vocabulary (a random-init backbone: the task's, plus the halting tokens), bf16 on GPUs and fp32 on
+    CPU, and an EMA teacher when any stage distills from one (``par_ray.distill.uses_ema``).
+
+    Raises ``ValueError`` for an unknown task (the task registry's error) or arguments :func:`plan` rejects.
+    """
+    from par_ray.cot import CotTask, cot_tokens
+    from par_ray.distill import uses_ema
+    from par_ray.halting import NUM_HALT_TOKENS
+    from par_ray.schedules import iterations_at
+    from par_ray.stages import uses_halting
+    from par_ray.tasks import get_task
+
+    task, tr, rc = get_task(cfg.task.name), cfg.train, cfg.recipe
+    # the chain-of-thought baseline trains on prompt + trace: its sequences are the longer ones
+    data = CotTask(task, cot_tokens(task.vocab_size)) if rc.cot else task
+    episode = data.sample(cfg.task.train_depth, 1, seed=0)
+    halt = int(uses_halting(cfg))  # the halting query: one more token and one more read position
+    R = rc.max_iterations if rc.depth_schedule == "hold" or not rc.tied else iterations_at(
+        cfg.task.train_depth, rc.ops_per_iteration, rc.fixed_iterations)
+    return plan(
+        cfg.backbone.name, tr.strategy, tr.num_workers, R=min(R, rc.max_iterations), grad_window=rc.grad_window,
+        micro_batch=tr.batch_size // tr.num_workers, seq_len=int(episode.input_ids.shape[1]) + halt,
+        zero_stage=tr.zero_stage, offload=tr.zero_offload, dtype="bf16" if tr.use_gpu else "fp32",
+        read_positions=int(episode.read_positions.numel()) + halt, split=cfg.backbone.split, tied=rc.tied,
+        untied_copies=rc.max_iterations, anchoring=rc.anchoring,
+        # checkpoints keep their vocabulary; a task vocabulary gains the halting tokens (par_ray.halting)
+        vocab_size=None if cfg.backbone.pretrained else task.vocab_size + NUM_HALT_TOKENS * halt,
+        ema=uses_ema(cfg))
 
 
 # ----------------------------------------------------------------------------------------------------------------------

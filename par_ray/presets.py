@@ -3,10 +3,13 @@
 ``local``: tiny Qwen2/Qwen3 shapes that learn on a 2-core CPU (issue "PAR core"), d_train 6, evaluated to 8× the train
 length.
 ``paper``: the paper's protocol on real Qwen sizes at each task's paper depths (``par_ray.tasks.PAPER_DEPTHS``;
-the permutation tasks: d_train 32, evaluation to 16×), bf16 on GPUs.
+the permutation tasks: d_train 32, evaluation to 16×), bf16 on GPUs, its strategy and GPU count chosen by the memory
+planner: for an 80 GB GPU of any type, or per GPU type (``--gpu-types``: the cheapest type the trial fits).
 """
 
 from __future__ import annotations
+
+import typing
 
 from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig
 
@@ -73,7 +76,8 @@ PRESET_BACKBONES = {"local": LOCAL_BACKBONES, "paper": PAPER_BACKBONES}
 """Backbones a sweep runs by default under each preset."""
 
 PAPER_GPU_MEMORY_GB = 80.0
-"""The GPU the paper preset plans for (A100/H100 80 GB)."""
+"""The GPU the paper preset plans for when no GPU types are given (A100/H100 80 GB); the trial then asks Ray for a
+GPU of any type."""
 PAPER_HEADROOM = 0.9
 """Plan to 90 % of the card: the planner is within ~1 % of measurement on CPU, but unmeasured on GPU (allocator
 fragmentation, CUDA context, NCCL buffers)."""
@@ -84,35 +88,91 @@ PAPER_PARALLELISM_CANDIDATES = (
 )
 
 
-def paper_parallelism(backbone: str, task: str = "swap_s5", ema: bool = False) -> dict[str, object]:
-    """Flat ``train.*`` overrides (strategy, workers, ZeRO stage) for ``backbone`` under the paper preset of ``task``.
+def gpu_targets(gpu_types: typing.Sequence[str]) -> list[tuple[str, float, int | None]]:
+    """``gpu_types`` (``"TYPE"`` or ``"TYPE:N"``, cheapest first) as (Ray accelerator type, GB per GPU, most GPUs
+    per trial or ``None``).
 
-    The first of :data:`PAPER_PARALLELISM_CANDIDATES` whose per-GPU peak (``par_ray.planner.plan``, bf16, the paper
-    trial's R, gradient window, global batch split over the GPUs, the task's prompt length and read positions at
-    d_train, the checkpoint's vocabulary; ``ema``: plus a prefix self-distillation EMA teacher) fits in
-    :data:`PAPER_HEADROOM` × :data:`PAPER_GPU_MEMORY_GB`. Raises ``ValueError`` if none fits.
+    ``TYPE`` is a key of ``par_ray.planner.GPU_MEMORY_GB``; ``:N`` caps a trial on that type at N GPUs (the GPUs of
+    the cluster's largest node of that type), so its workers share one node. Without it a trial may take as many
+    GPUs as the largest of :data:`PAPER_PARALLELISM_CANDIDATES` (8), and Ray places them on several nodes when no
+    node has that many (Ray Train's placement strategy PACK): FSDP / ZeRO then run their collectives between nodes.
+    Raises ``ValueError`` naming ``--gpu-types`` and the known types for an unknown type, a malformed or
+    non-positive cap, or a type named twice.
     """
-    from par_ray.planner import plan
-    from par_ray.tasks import get_task
+    from par_ray.planner import GPU_MEMORY_GB
+
+    targets, errs = [], []
+    for item in gpu_types:
+        name, _, cap = str(item).strip().partition(":")
+        if name not in GPU_MEMORY_GB:
+            errs.append(f"GPU type {name!r} is not one of {list(GPU_MEMORY_GB)}")
+        elif cap and not (cap.isdigit() and int(cap) >= 1):
+            errs.append(f"{item!r}: the GPU cap after ':' must be an integer >= 1 (GPUs per node), got {cap!r}")
+        elif name in [t for t, _, _ in targets]:
+            errs.append(f"{name!r} is named twice")
+        else:
+            targets.append((name, float(GPU_MEMORY_GB[name]), int(cap) if cap else None))
+    if errs:
+        raise ValueError(f"--gpu-types: {'; '.join(errs)}")
+    return targets
+
+
+def fit_parallelism(cfg: TrialConfig, gpu_types: typing.Sequence[str] = ()) -> dict[str, object]:
+    """Flat ``train.*`` overrides (strategy, workers, ZeRO stage; with ``gpu_types`` also the accelerator type) under
+    which ``cfg`` trains within :data:`PAPER_HEADROOM` of a GPU's memory.
+
+    Memory per GPU is ``par_ray.planner.plan_trial`` of ``cfg`` with each candidate's parallelism, so the trial's
+    recipe counts (chain-of-thought traces, untied copies, an EMA teacher, a halting query) and its batch, R and
+    window as configured. ``gpu_types`` (:func:`gpu_targets`, cheapest first, e.g. ``("L40S:4", "H100")``): the
+    first GPU type, then within it the first of :data:`PAPER_PARALLELISM_CANDIDATES` (up to the type's GPU cap), that
+    fits ``PAPER_HEADROOM`` × that type's memory, with ``"train.accelerator_type": type``. Empty: the first candidate
+    that fits ``PAPER_HEADROOM`` × :data:`PAPER_GPU_MEMORY_GB`, on a GPU of any type (no accelerator type).
+    DeepSpeed candidates are skipped for an untied core (``recipe.tied=False``), which it cannot train.
+    Raises ``ValueError`` naming ``backbone.name`` and the GPU types if nothing fits, or :func:`gpu_targets`'s error.
+    """
+    from par_ray.config import with_overrides
+    from par_ray.planner import plan_trial
+
+    targets = gpu_targets(gpu_types) or [("", PAPER_GPU_MEMORY_GB, None)]
+    for gpu, gb, most in targets:
+        for strategy, n, stage in PAPER_PARALLELISM_CANDIDATES:
+            if (most is not None and n > most) or (strategy == "deepspeed" and not cfg.recipe.tied):
+                continue
+            trial = with_overrides(cfg, train={"strategy": strategy, "num_workers": n, "zero_stage": stage})
+            if plan_trial(trial).fits(gb * PAPER_HEADROOM):
+                return {"train.strategy": strategy, "train.num_workers": n, "train.zero_stage": stage,
+                        **({"train.accelerator_type": gpu} if gpu else {})}
+    on = f"GPU types {list(gpu_types)}" if gpu_types else f"{PAPER_GPU_MEMORY_GB:g} GB GPUs"
+    raise ValueError(f"backbone.name: {cfg.backbone.name!r} (recipe {cfg.recipe.name!r}, task {cfg.task.name!r}) "
+                     f"fits none of {PAPER_PARALLELISM_CANDIDATES} on {on} (python -m par_ray.planner --table)")
+
+
+def paper_parallelism(backbone: str, task: str = "swap_s5", ema: bool = False,
+                      gpu_types: typing.Sequence[str] = ()) -> dict[str, object]:
+    """Flat ``train.*`` overrides (strategy, workers, ZeRO stage; with ``gpu_types`` the accelerator type) for
+    ``backbone`` under the paper preset of ``task``: :func:`fit_parallelism` of the paper trial (``ema``: plus a
+    prefix self-distillation EMA teacher).
+
+    Per-GPU peak: ``par_ray.planner.plan_trial`` (bf16, the paper trial's R, gradient window, global batch split over
+    the GPUs, the task's prompt length and read positions at d_train, the checkpoint's vocabulary). Without
+    ``gpu_types``: the first of :data:`PAPER_PARALLELISM_CANDIDATES` that fits :data:`PAPER_HEADROOM` ×
+    :data:`PAPER_GPU_MEMORY_GB`, on a GPU of any type. With ``gpu_types`` (cheapest first, e.g. ``("L40S:4",
+    "H100")``, :func:`gpu_targets`): the first type, then the first candidate, that fits that type's memory. Raises
+    ``ValueError`` naming the backbone (and the types) if none fits, or naming ``--gpu-types`` for an unknown type.
+    """
+    from par_ray.config import with_overrides
 
     cfg = paper_trial(backbone, task)
-    t, r, tr = cfg.task, cfg.recipe, cfg.train
-    episode = get_task(task).sample(t.train_depth, 1, seed=0)
-    seq_len, reads = episode.input_ids.shape[1], episode.read_positions.numel()
-    R = min(-(-t.train_depth // r.ops_per_iteration), r.max_iterations)
-    for strategy, n, stage in PAPER_PARALLELISM_CANDIDATES:
-        need = plan(backbone, strategy, n, R=R, grad_window=r.grad_window, micro_batch=tr.batch_size // n,
-                    seq_len=seq_len, read_positions=reads, zero_stage=stage, dtype="bf16", ema=ema)
-        if need.fits(PAPER_GPU_MEMORY_GB * PAPER_HEADROOM):
-            return {"train.strategy": strategy, "train.num_workers": n, "train.zero_stage": stage}
-    raise ValueError(f"backbone.name: {backbone!r} fits none of {PAPER_PARALLELISM_CANDIDATES} on "
-                     f"{PAPER_GPU_MEMORY_GB:g} GB GPUs (python -m par_ray.planner --table)")
+    return fit_parallelism(with_overrides(cfg, recipe={"distill": "ema"}) if ema else cfg, gpu_types)
 
 
-def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 0) -> TrialConfig:
-    """The base trial of ``preset`` (``local`` or ``paper``) for one backbone, task and seed.
+def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 0,
+                 gpu_types: typing.Sequence[str] = ()) -> TrialConfig:
+    """The base trial of ``preset`` (``local`` or ``paper``) for one backbone, task and seed; ``gpu_types``: the
+    paper preset's GPU types, cheapest first (:func:`paper_parallelism`).
 
-    Raises ``ValueError`` naming ``preset`` or ``backbone.name`` when unknown.
+    Raises ``ValueError`` naming ``preset``, ``backbone.name`` or ``--gpu-types`` (given to a preset other than
+    ``paper``, or unknown).
     """
     from par_ray.config import from_flat
     from par_ray.model.backbones import BACKBONES
@@ -121,8 +181,10 @@ def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 
         raise ValueError(f"preset: {preset!r} is not one of {list(PRESETS)}")
     if backbone not in BACKBONES:
         raise ValueError(f"backbone.name: {backbone!r} is not one of {sorted(BACKBONES)}")
+    if gpu_types and preset != "paper":
+        raise ValueError(f"--gpu-types: only the paper preset plans per GPU type; preset {preset!r} runs on CPUs")
     cfg = PRESETS[preset](backbone, task, seed)
-    return from_flat(paper_parallelism(backbone, task), base=cfg) if preset == "paper" else cfg
+    return from_flat(paper_parallelism(backbone, task, gpu_types=gpu_types), base=cfg) if preset == "paper" else cfg
 
 
 def smoke_overrides(cfg: TrialConfig) -> dict[str, object]:

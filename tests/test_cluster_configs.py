@@ -42,13 +42,14 @@ REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "cluster"
 LAUNCHERS = ["aws.yaml", "gcp.yaml"]
 STORAGE_SCHEME = {"aws.yaml": "s3://", "gcp.yaml": "gs://"}
-# GPU model, count and GB per GPU of each machine type, from the providers' instance-type pages: every node type
-# must declare what its machine has, or the autoscaler plans with wrong numbers. Add a row to use another machine.
+# GPU model (Ray's accelerator type), count and GB per GPU of each machine type, from the providers' instance-type
+# pages: every node type must declare what its machine has, or the autoscaler plans with wrong numbers, and the
+# paper preset's --gpu-types must plan with the card's memory. Add a row to use another machine.
 GPU_MACHINES = {
     "g6e.xlarge": ("L40S", 1, 48),
     "g6e.12xlarge": ("L40S", 4, 48),
     "p5.48xlarge": ("H100", 8, 80),
-    "p4de.24xlarge": ("A100", 8, 80),
+    "p4de.24xlarge": ("A100-80G", 8, 80),  # Ray detects "A100" for both sizes; the type declares the 80 GB label
     "g2-standard-8": ("L4", 1, 24),
     "g2-standard-96": ("L4", 8, 24),
     "a3-highgpu-8g": ("H100", 8, 80),
@@ -137,6 +138,8 @@ def test_launcher_head_is_on_demand_cpu_only(name):
 
 @pytest.mark.parametrize("name", LAUNCHERS)
 def test_launcher_gpu_workers_match_their_machines_and_scale_from_zero(name):
+    from par_ray.planner import GPU_MEMORY_GB
+
     config = load(name)
     workers = {n: t for n, t in config["available_node_types"].items() if n != config["head_node_type"]}
     assert config["idle_timeout_minutes"] > 0
@@ -147,6 +150,8 @@ def test_launcher_gpu_workers_match_their_machines_and_scale_from_zero(name):
         assert node_type["max_workers"] >= 1, type_name
         assert node_type["resources"]["GPU"] == count, type_name
         assert node_type["resources"][f"accelerator_type:{gpu}"] == 1, type_name
+        # --gpu-types plans a trial on this type with this much memory per GPU (par_ray.presets.fit_parallelism)
+        assert GPU_MEMORY_GB[gpu] == machines[type_name][2], type_name
     # The 7B backbone needs one node with 8 GPUs of 80 GB (cluster/README.md, "Which node for which backbone").
     assert (8, 80) in {(count, gb) for _, count, gb in machines.values()}
 

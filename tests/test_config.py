@@ -246,3 +246,14 @@ def test_task_shape_errors_name_the_field_and_allowed_values(overrides, field, w
 def test_serial_options_and_depths_within_max_depth_stay_legal():
     with_overrides(TrialConfig(), task={"name": "swap_s5", "op_order": "recent_first", "train_filler": 3}).validate()
     with_overrides(TrialConfig(), task={"name": "reachability"}, eval={"depths": (8, 128)}).validate()
+
+
+def test_accelerator_type_is_a_known_gpu_type_of_a_gpu_trial():
+    gpu = with_overrides(TrialConfig(), train={"use_gpu": True, "accelerator_type": "H100"}).validate()
+    assert TrialConfig().train.accelerator_type == ""  # any GPU (or CPU)
+    assert from_flat(to_flat(gpu)) == gpu
+    with pytest.raises(ValueError, match=r"train\.accelerator_type: 'L40' is not '' \(any GPU\) or one of \[.*'L40S'"):
+        with_overrides(gpu, train={"accelerator_type": "L40"}).validate()
+    with pytest.raises(ValueError, match=r"train\.accelerator_type: 'H100' selects GPU nodes, so it needs "
+                                         r"train\.use_gpu=true"):
+        with_overrides(TrialConfig(), train={"accelerator_type": "H100"}).validate()

@@ -240,3 +240,73 @@ def test_measured_peak_does_not_grow_with_R(one_thread):
     bench = _bench()
     rows = bench.r_sweep(bench.Shape("tiny-qwen2", micro_batch=1, seq_len=16, R=2, grad_window=2), (2, 10))
     assert rows[1]["measured_ratio"] <= 1.3 and rows[1]["planned_ratio"] <= 1.3
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# GPU types: the names Ray gives the cards, and the paper preset's choice of type and GPU count
+
+def test_gpu_types_are_the_names_ray_gives_the_cards():
+    from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
+    from ray.util.accelerators import accelerators
+
+    ray_names = {v for k, v in vars(accelerators).items() if k.isupper() and isinstance(v, str)}
+    assert set(planner.GPU_MEMORY_GB) <= ray_names
+    # the node resource accelerator_type:<type> Ray 2.60 derives from each card's NVML device name
+    for nvml_name, expected in [("NVIDIA L4", "L4"), ("NVIDIA A10G", "A10G"), ("NVIDIA L40S", "L40S"),
+                                ("NVIDIA A100-SXM4-40GB", "A100"), ("NVIDIA A100-SXM4-80GB", "A100"),
+                                ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200")]:
+        assert NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(nvml_name) == expected
+    assert planner.GPU_MEMORY_GB["A100"] == 40  # both A100 sizes read "A100": plan for the smaller one
+
+
+def _fits_its_card(cfg) -> bool:
+    from par_ray.presets import PAPER_HEADROOM
+
+    return planner.plan_trial(cfg).fits(PAPER_HEADROOM * planner.GPU_MEMORY_GB[cfg.train.accelerator_type])
+
+
+def test_paper_parallelism_takes_the_cheapest_gpu_type_that_fits():
+    from par_ray import presets
+    from par_ray.config import from_flat
+
+    aws = ("L40S:4", "H100")  # cluster/aws.yaml: L40S nodes of at most 4 GPUs, then 8x H100
+    small = presets.paper_parallelism("qwen2.5-0.5b", "swap_s5", gpu_types=aws)
+    big = presets.paper_parallelism("qwen2.5-7b", "swap_s5", gpu_types=aws)
+    assert small == {"train.strategy": "ddp", "train.num_workers": 1, "train.zero_stage": 2,
+                     "train.accelerator_type": "L40S"}
+    assert big["train.accelerator_type"] == "H100" and big["train.num_workers"] <= 8
+    for backbone, choice in (("qwen2.5-0.5b", small), ("qwen2.5-7b", big)):
+        assert _fits_its_card(from_flat(choice, base=presets.paper_trial(backbone)))
+    # without the cap the 7B spreads over 8 L40S (two 4-GPU nodes) rather than move to the H100
+    uncapped = presets.paper_parallelism("qwen2.5-7b", gpu_types=("L40S", "H100"))
+    assert (uncapped["train.accelerator_type"], uncapped["train.num_workers"]) == ("L40S", 8)
+    # no GPU types: the 80 GB plan on any GPU, as before GPU types existed
+    assert presets.paper_parallelism("qwen2.5-0.5b") == {"train.strategy": "ddp", "train.num_workers": 1,
+                                                         "train.zero_stage": 2}
+    with pytest.raises(ValueError, match=r"backbone\.name: 'qwen2\.5-7b' .* on GPU types \['L4:1'\]"):
+        presets.paper_parallelism("qwen2.5-7b", gpu_types=("L4:1",))
+    with pytest.raises(ValueError, match=r"--gpu-types: GPU type 'L40' is not one of \[.*'L40S'"):
+        presets.paper_parallelism("qwen2.5-0.5b", gpu_types=("L40",))
+    with pytest.raises(ValueError, match=r"--gpu-types: 'H100:0': the GPU cap"):
+        presets.paper_parallelism("qwen2.5-0.5b", gpu_types=("H100:0",))
+
+
+def test_a_recipe_that_needs_more_memory_gets_more_or_bigger_gpus():
+    """The choice plans the trial as it runs: the chain-of-thought baseline trains on prompt + trace (~62 GB on one
+    GPU for Qwen2.5-0.5B, par ~38 GB), so it needs two L40S, or an H100 where L40S nodes have one GPU."""
+    from par_ray import presets
+    from par_ray.config import from_flat
+    from par_ray.recipes import apply_recipe
+
+    base = presets.paper_trial("qwen2.5-0.5b")
+    par, cot = apply_recipe(base, "par"), apply_recipe(base, "cot")
+    assert planner.plan_trial(cot).total > 48e9 > planner.plan_trial(par).total  # ddp on 1 GPU
+    assert presets.fit_parallelism(par, ("L40S:1", "H100"))["train.accelerator_type"] == "L40S"
+    one_gpu_l40s = presets.fit_parallelism(cot, ("L40S:1", "H100"))
+    assert (one_gpu_l40s["train.accelerator_type"], one_gpu_l40s["train.num_workers"]) == ("H100", 1)
+    four_gpu_l40s = presets.fit_parallelism(cot, ("L40S:4", "H100"))
+    assert (four_gpu_l40s["train.accelerator_type"], four_gpu_l40s["train.num_workers"]) == ("L40S", 2)
+    for choice in (one_gpu_l40s, four_gpu_l40s):
+        assert _fits_its_card(from_flat(choice, base=cot).validate())
+    untied = presets.fit_parallelism(apply_recipe(presets.paper_trial("qwen2.5-7b"), "untied"), ("H100",))
+    assert untied["train.strategy"] != "deepspeed"  # DeepSpeed cannot train untied copies (config check)

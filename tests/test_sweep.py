@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from par_ray import presets, sweep
-from par_ray.sweep import Options, Search, SweepConfigError, SweepSpec
+from par_ray.sweep import Options, Search, SweepConfigError, SweepSpec, trial_label
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((ROOT / "sweeps").glob("*.py"))
@@ -65,6 +65,39 @@ def test_every_shipped_sweep_builds_and_validates(path, preset, smoke):
         assert all(max(cfg.eval.depths) == 8 * cfg.task.train_depth for _, cfg in plan.trials)
     else:
         assert all(cfg.train.steps <= 4 and cfg.eval.num_sequences <= 16 for _, cfg in plan.trials)
+
+
+@pytest.mark.parametrize("gpu_types", [("L40S:4", "H100"), ("L4", "H100")], ids=["aws", "gcp"])
+@pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
+def test_every_shipped_sweep_fits_the_gpu_types_of_the_shipped_clusters(path, gpu_types):
+    """``--gpu-types`` as cluster/README.md gives it for cluster/aws.yaml and cluster/gcp.yaml: every trial gets one of
+    the types, within its GPU cap, and its planned peak fits that card with the preset's headroom."""
+    from par_ray.planner import GPU_MEMORY_GB, plan_trial
+
+    plan = sweep.build_plan(_load(path).SPEC, Options(preset="paper", gpu_types=gpu_types), "paper")
+    caps = {t: n for t, _, n in presets.gpu_targets(gpu_types)}
+    for _, cfg in plan.trials:
+        tr = cfg.train
+        assert tr.accelerator_type in caps and tr.num_workers <= (caps[tr.accelerator_type] or tr.num_workers)
+        assert plan_trial(cfg).fits(presets.PAPER_HEADROOM * GPU_MEMORY_GB[tr.accelerator_type]), trial_label(cfg)
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
+def test_every_shipped_paper_trial_fits_an_80_gb_gpu_without_gpu_types(path):
+    """Without ``--gpu-types`` the parallelism is still chosen for each trial as it runs (its recipe counted: a CoT
+    trace, untied copies, an EMA teacher), not only for the preset's ``par`` base trial."""
+    from par_ray.planner import plan_trial
+
+    plan = sweep.build_plan(_load(path).SPEC, Options(preset="paper"), "paper")
+    for _, cfg in plan.trials:
+        assert cfg.train.accelerator_type == ""
+        assert plan_trial(cfg).fits(presets.PAPER_HEADROOM * presets.PAPER_GPU_MEMORY_GB), trial_label(cfg)
+
+
+def test_an_untied_7b_trial_gets_more_gpus_than_its_par_base_trial():
+    base = sweep.resolve({"preset": "paper", "recipe": "par", "backbone.name": "qwen2.5-7b"})
+    untied = sweep.resolve({"preset": "paper", "recipe": "untied", "backbone.name": "qwen2.5-7b"})
+    assert untied.train.num_workers > base.train.num_workers and untied.train.strategy != "deepspeed"
 
 
 def test_backbone_scaling_local_grid_is_two_tiny_families_times_three_seeds():
@@ -133,6 +166,10 @@ def test_run_sweep_refuses_bad_input_before_starting_ray(tmp_path, monkeypatch):
     (["--seeds", "0,-1"], "--seeds", ">= 0"),
     (["--seeds", "1,1"], "--seeds", "duplicate"),
     (["--preset", "gpu"], "--preset", "invalid choice"),
+    (["--gpu-types", "L40S,A100-80GB"], "--gpu-types", "GPU type 'A100-80GB' is not one of ['A10G', 'L4', 'L40S'"),
+    (["--gpu-types", "L40S:four"], "--gpu-types", "the GPU cap after ':' must be an integer >= 1"),
+    (["--gpu-types", "H100,H100"], "--gpu-types", "'H100' is named twice"),
+    (["--gpu-types", ","], "--gpu-types", "expected comma-separated GPU types"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(argv, flag, words, capsys):
     with pytest.raises(SystemExit) as e:
@@ -147,6 +184,47 @@ def test_bad_flag_from_the_command_line_has_no_traceback():
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2
     assert "argument --backbones: unknown backbone(s) ['qwen9-100b']" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_gpu_types_are_refused_without_the_paper_preset_before_ray_starts(tmp_path, capsys):
+    import ray
+
+    with pytest.raises(SweepConfigError, match=r"--gpu-types: only --preset paper plans trials per GPU type; "
+                                               r"preset 'local' runs on CPUs"):
+        sweep.run_sweep(SweepSpec(name="x"), Options(preset="local", gpu_types=("L40S",), storage=str(tmp_path)))
+    assert sweep.main(SweepSpec(name="x"), ["--preset", "local", "--gpu-types", "L40S,H100", "--dry-run"]) == 2
+    assert "error: --gpu-types: only --preset paper" in capsys.readouterr().err
+    assert not ray.is_initialized()
+
+
+def test_gpu_types_choose_each_trials_card_and_reach_every_trial_driver():
+    """Each trial takes the cheapest type its resolved config fits (the recipe counted); Tune's params carry the types,
+    so a trial driver resolving its params gets the same config. Without types the paper preset is as before."""
+    spec = SweepSpec(name="x", recipes=("par", "cot"), seeds=(0,), backbones={"paper": ("qwen2.5-0.5b", "qwen2.5-7b")})
+    plan = sweep.build_plan(spec, Options(gpu_types=("L40S:4", "H100")), "paper")
+    chosen = {(c.recipe.name, c.backbone.name): (c.train.num_workers, c.train.accelerator_type) for _, c in plan.trials}
+    assert chosen[("par", "qwen2.5-0.5b")] == (1, "L40S")
+    assert chosen[("cot", "qwen2.5-0.5b")] == (2, "L40S")  # prompt + trace: ~62 GB on one GPU
+    assert chosen[("par", "qwen2.5-7b")][1] == chosen[("cot", "qwen2.5-7b")][1] == "H100"
+    assert plan.param_space[sweep.GPU_TYPES_KEY] == "L40S:4,H100"
+    assert all(sweep.resolve(params) == cfg for params, cfg in plan.trials)
+    untyped = sweep.build_plan(spec, Options(), "paper")
+    assert sweep.GPU_TYPES_KEY not in untyped.param_space
+    assert {c.train.accelerator_type for _, c in untyped.trials} == {""}
+
+
+def test_dry_run_names_each_trials_gpu_type(capsys, tmp_path):
+    """``python sweeps/backbone_scaling.py --dry-run --gpu-types L40S:4,H100`` in-process (``--preset auto`` with GPU
+    types plans the paper preset): the GPU count with its type, and the reservation on that type's nodes."""
+    module = _load(ROOT / "sweeps/backbone_scaling.py")
+    opts = Options(dry_run=True, storage=str(tmp_path), seeds=(0,), backbones=("qwen2.5-0.5b", "qwen2.5-7b"),
+                   gpu_types=("L40S:4", "H100"))
+    assert sweep.run_sweep(module.SPEC, opts) == 0
+    out = capsys.readouterr().out
+    assert "preset paper: 2 trials" in out
+    assert "| qwen2.5-0.5b | swap_s5 | 0 | ddp | 1 × L40S | 1 GPU on L40S nodes (workers)" in out
+    assert "| qwen2.5-7b | swap_s5 | 0 | fsdp | 4 × H100 | 4 GPU on H100 nodes (workers)" in out
+    assert "--gpu-types L40S:4,H100: each trial takes the first type" in out and "L40S 48 GB (at most 4" in out
 
 
 def test_search_metric_is_checked():
@@ -175,6 +253,12 @@ def test_max_concurrent_trials_from_cluster_resources():
     assert sweep.max_concurrent_trials(gpu, {"GPU": 8.0, "CPU": 64.0, "memory": 100 * gib}) == 2
     with pytest.raises(SweepConfigError, match=r"cannot fit these trials: 7b needs 4 GPU"):
         sweep.max_concurrent_trials(gpu, {"GPU": 1.0, "CPU": 16.0, "memory": 100 * gib})
+    # a GPU type constraint (0.001 of the node's accelerator_type:<type> per worker) the cluster has no node for
+    typed = [("7b", {"GPU": 4.0, "accelerator_type:H100": 0.004, "memory": 0.5 * gib})]
+    with pytest.raises(SweepConfigError, match=r"\(8 GPU, 100.0 GiB memory on L40S nodes\) cannot fit these trials: "
+                                               r"7b needs 4 GPU, 0.5 GiB memory on H100 nodes"):
+        sweep.max_concurrent_trials(typed, {"GPU": 8.0, "memory": 100 * gib, "accelerator_type:L40S": 2.0})
+    assert sweep.max_concurrent_trials(typed, {"GPU": 8.0, "memory": 100 * gib, "accelerator_type:H100": 1.0}) == 2
 
 
 def test_dry_run_paper_prints_the_plan_without_a_gpu():

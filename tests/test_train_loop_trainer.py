@@ -84,7 +84,8 @@ def test_run_name_hashes_the_whole_config_but_not_placement():
     name = run_name(cfg)
     assert name.startswith("par-tiny-qwen2-swap_s5-seed0-ddp-") and name == run_name(TrialConfig())
     # where the run is placed resumes the same run; anything trained differently is another run
-    for same in ({"num_workers": 4}, {"threads_per_worker": 2}, {"fail_at_step": 3}, {"collective_timeout_s": 60.0}):
+    for same in ({"num_workers": 4}, {"threads_per_worker": 2}, {"fail_at_step": 3}, {"collective_timeout_s": 60.0},
+                 {"accelerator_type": "H100"}):
         assert run_name(with_overrides(cfg, train=same)) == name, same
     for other in ({"lr": 3e-4}, {"steps": 10}, {"strategy": "fsdp"}, {"seed": 1}, {"batch_size": 32}):
         assert run_name(with_overrides(cfg, train=other)) != name, other
@@ -97,6 +98,11 @@ def test_resume_mismatch_names_fields_and_ignores_placement():
     b = to_flat(with_overrides(TrialConfig(), train={"lr": 3e-4, "steps": 10, "num_workers": 2}))
     assert resume_mismatch(a, b) == ["train.lr: 0.001 → 0.0003", "train.steps: 3000 → 10"]
     assert resume_mismatch(a, json.loads(json.dumps(a))) == []  # read back from extra.json / config.json
+    # the GPU type is placement too; a checkpoint written before the field existed has none
+    typed = to_flat(with_overrides(TrialConfig(), train={"use_gpu": True, "accelerator_type": "L40S"}))
+    older = {k: v for k, v in to_flat(with_overrides(TrialConfig(), train={"use_gpu": True})).items()
+             if k != "train.accelerator_type"}
+    assert resume_mismatch(older, typed) == []
 
 
 def test_torch_config_times_collectives_out_after_the_configured_seconds():
@@ -160,3 +166,16 @@ def test_diverging_trial_fails_at_once_naming_step_and_loss(tmp_path):
         err = err.__cause__ or err.__context__
     text = " | ".join(chain)
     assert "diverged at step" in text and ("loss nan" in text or "loss inf" in text), text
+
+
+def test_accelerator_type_reaches_ray_trains_scaling_config():
+    """Every worker asks for the node's ``accelerator_type:<type>`` resource (Ray adds 0.001 per worker), so Ray
+    places, and the autoscaler launches, only nodes of that GPU type; ``""`` asks for any GPU."""
+    from par_ray import presets
+
+    cfg = with_overrides(presets.paper_trial("qwen2.5-0.5b"), train={"num_workers": 2, "accelerator_type": "L40S"})
+    scaling = build_trainer(cfg, "x", "/tmp/par_ray_unused").scaling_config
+    assert scaling.accelerator_type == "L40S" and scaling.use_gpu
+    assert scaling.total_resources == {"GPU": 2.0, "accelerator_type:L40S": pytest.approx(0.002)}
+    assert build_trainer(presets.paper_trial("qwen2.5-0.5b"), "x", "/tmp/par_ray_unused").scaling_config \
+        .accelerator_type is None

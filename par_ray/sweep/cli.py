@@ -9,7 +9,9 @@ import argparse
 import sys
 import typing
 
+from par_ray import presets
 from par_ray.model.backbones import BACKBONES
+from par_ray.planner import GPU_MEMORY_GB
 from par_ray.sweep.run import run_sweep
 from par_ray.sweep.spec import DEFAULT_STORAGE, PRESET_CHOICES, Options, SweepConfigError, SweepSpec
 
@@ -34,6 +36,17 @@ def _backbones(text: str) -> tuple[str, ...]:
     return names
 
 
+def _gpu_types(text: str) -> tuple[str, ...]:
+    types = tuple(x.strip() for x in text.split(",") if x.strip())
+    try:
+        presets.gpu_targets(types)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--gpu-types: ")) from None
+    if not types:
+        raise argparse.ArgumentTypeError(f"expected comma-separated GPU types like L40S,H100, got {text!r}")
+    return types
+
+
 def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Options:
     """The common flags; argparse exits with status 2 and one line naming the bad flag."""
     p = argparse.ArgumentParser(prog=f"python sweeps/{spec.name}.py", description=spec.description)
@@ -42,6 +55,11 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
     p.add_argument("--seeds", type=_ints, default=None, help=f"comma-separated seeds (default {spec.seeds})")
     p.add_argument("--backbones", type=_backbones, default=None,
                    help="comma-separated backbone names (default: the preset's)")
+    p.add_argument("--gpu-types", type=_gpu_types, default=(),
+                   help=f"paper preset: the Ray accelerator types trials may run on, cheapest first, e.g. L40S:4,H100 "
+                        f"(TYPE:N = at most N GPUs per trial, one node's worth); each trial takes the first type and "
+                        f"the fewest GPUs its planned memory fits. Types: {', '.join(GPU_MEMORY_GB)}. Default: any "
+                        f"GPU, planned for {presets.PAPER_GPU_MEMORY_GB:g} GB. With --preset auto it selects paper")
     p.add_argument("--storage", default=None,
                    help=f"directory or bucket URI for Tune/Train results, the default MLflow store and the analysis "
                         f"(default {DEFAULT_STORAGE.format(name=spec.name)})")
@@ -59,7 +77,7 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
         p.error(f"argument --num-samples: must be >= 1, got {a.num_samples}")
     return Options(preset=a.preset, seeds=a.seeds, backbones=a.backbones, storage=a.storage, mlflow_uri=a.mlflow_uri,
                    dry_run=a.dry_run, resume=a.resume, smoke_test=a.smoke_test, metric=getattr(a, "metric", None),
-                   num_samples=getattr(a, "num_samples", None))
+                   num_samples=getattr(a, "num_samples", None), gpu_types=a.gpu_types)
 
 
 def main(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> int:

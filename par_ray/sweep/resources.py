@@ -15,11 +15,14 @@ import sys
 import typing
 
 from par_ray.config import TrialConfig
-from par_ray.sweep.spec import GRID_DIMS, Plan, SweepConfigError, cells_of, domain_ends, fixed_overrides
+from par_ray.sweep.spec import GPU_TYPES_KEY, GRID_DIMS, Plan, SweepConfigError, cells_of, domain_ends, fixed_overrides
 
 DRIVER_RESOURCES = {"CPU": 0.0, "memory": 512 * 2**20}
 """What a trial's driver (a Tune actor that only waits on its TorchTrainer) reserves. Memory, not a CPU sliver: on a
 2-core machine a 0.01-CPU driver plus a 1-CPU worker would let only one trial run at a time."""
+ACCELERATOR_PREFIX = "accelerator_type:"
+"""Ray's resource for a node's GPU type (``ray._common.utils.RESOURCE_CONSTRAINT_PREFIX``): a node has 1 of it, a
+worker of a trial with ``train.accelerator_type`` asks for 0.001."""
 GCS_PROBE_TIMEOUT_S = 2.0
 """How long :func:`ray_address` waits for the head named in ``ray_current_cluster`` to accept a connection."""
 
@@ -94,9 +97,14 @@ def autoscaler_limits_unknown() -> bool:
 
 
 def format_resources(resources: typing.Mapping[str, float]) -> str:
+    """CPU, GPU and memory, then the GPU types (Ray's ``accelerator_type:<type>`` resources: a trial's constraint, a
+    cluster's node types), e.g. "4 GPU on L40S nodes"."""
     keys = [k for k in ("CPU", "GPU", "memory") if k in resources]
-    return ", ".join(f"{resources[k] / 2**30:.1f} GiB memory" if k == "memory" else f"{resources[k]:g} {k}"
-                     for k in keys) or "nothing"
+    text = ", ".join(f"{resources[k] / 2**30:.1f} GiB memory" if k == "memory" else f"{resources[k]:g} {k}"
+                   for k in keys) or "nothing"
+    types = sorted(k.removeprefix(ACCELERATOR_PREFIX) for k, v in resources.items()
+                   if k.startswith(ACCELERATOR_PREFIX) and v)
+    return text + (f" on {'/'.join(types)} nodes" if types else "")
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -228,10 +236,23 @@ def print_plan(plan: Plan, train_storage: str) -> None:
         except Exception as e:  # noqa: BLE001 - a dry run reports what it cannot compute
             res = f"? ({type(e).__name__})"
         cell = f" {', '.join(f'{k}={params[k]}' for k in cell_keys)} |" if cell_keys else ""
+        gpus = f"{tr.num_workers} × {tr.accelerator_type}" if tr.accelerator_type else f"{tr.num_workers}"
         print(f"| {i} | {cfg.recipe.name} | {cfg.backbone.name} | {cfg.task.name} | {tr.seed} |{cell} {tr.strategy}"
-              f"{f' ZeRO-{tr.zero_stage}' if tr.strategy == 'deepspeed' else ''} | {tr.num_workers} | {res} | "
+              f"{f' ZeRO-{tr.zero_stage}' if tr.strategy == 'deepspeed' else ''} | {gpus} | {res} | "
               f"{tr.steps} | {cfg.task.train_depth} | {','.join(map(str, cfg.eval.depths))} | "
               f"{_memory_estimate(cfg)} |")
+    from par_ray.presets import PAPER_GPU_MEMORY_GB, PAPER_HEADROOM, gpu_targets
+
+    gpu_types = str(plan.param_space.get(GPU_TYPES_KEY) or "")
+    if gpu_types:
+        sizes = ", ".join(f"{t} {gb:g} GB" + (f" (at most {n} per trial)" if n else "")
+                          for t, gb, n in gpu_targets(gpu_types.split(",")))
+        print(f"GPUs/workers: GPU count × Ray accelerator type. --gpu-types {gpu_types}: each trial takes the first "
+              f"type, then the fewest GPUs, whose memory holds its planned peak within {PAPER_HEADROOM:.0%} ({sizes}). "
+              f"A trial on more GPUs than one node of its type has runs across nodes; TYPE:N caps a type at N GPUs.")
+    elif any(cfg.train.use_gpu for _, cfg in shown):
+        print(f"GPUs/workers: GPUs of any type, each trial planned for a {PAPER_GPU_MEMORY_GB:g} GB GPU (pass "
+              f"--gpu-types, e.g. L40S:4,H100, to choose the type per trial).")
     print(f"Ray reservation: the trial's Train workers, plus {DRIVER_RESOURCES['memory'] / 2**30:g} GiB of host RAM "
           f"for its driver (the Tune actor that waits on the TorchTrainer), not the trial's memory. Trial memory per "
           f"GPU: the planner's peak of one training step (par_ray.planner), per worker.")
@@ -255,34 +276,12 @@ def _describe_domain(domain: typing.Any) -> str:
 
 
 def _memory_estimate(cfg: TrialConfig) -> str:
-    """Peak memory per GPU of one training step from ``par_ray.planner`` at the largest train depth."""
+    """Peak memory per GPU of one training step from ``par_ray.planner.plan_trial`` at the largest train depth."""
     try:
-        from par_ray.halting import NUM_HALT_TOKENS
-        from par_ray.distill import uses_ema
-        from par_ray.planner import plan as plan_memory
-        from par_ray.stages import uses_halting
-        from par_ray.tasks import get_task
-        from par_ray.cot import CotTask, cot_tokens
-        from par_ray.schedules import iterations_at
+        from par_ray.planner import plan_trial
 
-        task, tr, rc = get_task(cfg.task.name), cfg.train, cfg.recipe
-        # the chain-of-thought baseline trains on prompt + trace: its sequences are the longer ones
-        data = CotTask(task, cot_tokens(task.vocab_size)) if rc.cot else task
-        episode = data.sample(cfg.task.train_depth, 1, seed=0)
-        halt = int(uses_halting(cfg))  # the halting query: one more token and one more read position
-        R = rc.max_iterations if rc.depth_schedule == "hold" or not rc.tied else iterations_at(
-            cfg.task.train_depth, rc.ops_per_iteration, rc.fixed_iterations)
-        estimate = plan_memory(
-            cfg.backbone.name, tr.strategy, tr.num_workers, R=min(R, rc.max_iterations), grad_window=rc.grad_window,
-            micro_batch=tr.batch_size // tr.num_workers, seq_len=int(episode.input_ids.shape[1]) + halt,
-            zero_stage=tr.zero_stage, offload=tr.zero_offload, dtype="bf16" if tr.use_gpu else "fp32",
-            read_positions=int(episode.read_positions.numel()) + halt, split=cfg.backbone.split, tied=rc.tied,
-            untied_copies=rc.max_iterations, anchoring=rc.anchoring,
-            # checkpoints keep their vocabulary; a task vocabulary gains the halting tokens (par_ray.halting)
-            vocab_size=None if cfg.backbone.pretrained else task.vocab_size + NUM_HALT_TOKENS * halt,
-            ema=uses_ema(cfg))
+        estimate = plan_trial(cfg)
     except Exception as e:  # noqa: BLE001 - the planner is optional for a dry run; say why it is missing
         return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
     teacher = f", EMA teacher {estimate.teacher / 1e9:.2f} GB included" if estimate.teacher else ""
     return f"{estimate.total / 1e9:.2f} GB ({estimate.peak_phase}{teacher})"
-

@@ -169,6 +169,8 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     preset = opts.preset
     if preset not in PRESET_CHOICES:
         raise SweepConfigError(f"--preset: {preset!r} is not one of {list(PRESET_CHOICES)}")
+    if preset == "auto" and opts.gpu_types:
+        preset = "paper"  # GPU types name GPUs: the preset that plans for them
     if preset == "auto" and opts.dry_run:
         preset = local_preset_guess()
     plan = build_plan(spec, opts, preset) if preset != "auto" else None
@@ -301,6 +303,8 @@ def _sweep_params(plan: Plan, opts: Options) -> dict[str, typing.Any]:
         "smoke_test": opts.smoke_test,
         "num_trials": count_trials(plan),
     }
+    if opts.gpu_types:
+        out["gpu_types"] = ",".join(opts.gpu_types)
     cells = cells_of(plan.spec, plan.preset)
     if cells:  # explicit (recipe, task, …) cells: the grid is not recipes × tasks
         out["cells"] = ";".join(",".join(f"{k}={v}" for k, v in c.items()) for c in cells)

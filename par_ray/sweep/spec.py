@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 
 from par_ray import presets
 from par_ray.config import TrialConfig, flat_value, from_flat
-from par_ray.distill import uses_ema
 from par_ray.model.backbones import BACKBONES
 from par_ray.recipes import RECIPES, apply_recipe
 
@@ -34,8 +33,11 @@ CELL_KEY = "cell"
 """Tune param holding one of ``SweepSpec.cells`` (a dict of flat keys; :func:`resolve` unpacks it)."""
 GRID_DIMS = ("recipe", "task.name", "backbone.name", "train.seed")
 """The grid's dimensions, each a param :func:`resolve` reads."""
-PARALLELISM_KEYS = frozenset({"train.strategy", "train.num_workers", "train.zero_stage"})
+PARALLELISM_KEYS = frozenset({"train.strategy", "train.num_workers", "train.zero_stage", "train.accelerator_type"})
 """Flat keys the paper preset chooses by memory (``presets.paper_parallelism``); a sweep setting one keeps its own."""
+GPU_TYPES_KEY = "gpu_types"
+"""Tune param holding ``--gpu-types`` (comma-joined, cheapest first; ``""`` = any GPU), which :func:`resolve`
+reads, so every trial driver and callback resolves the same config."""
 
 Recipe = typing.Callable[[TrialConfig], TrialConfig]
 """A recipe: a function that changes fields of a base config (``par_ray.recipes``)."""
@@ -116,6 +118,9 @@ class Options:
     smoke_test: bool = False
     metric: str | None = None
     num_samples: int | None = None
+    gpu_types: tuple[str, ...] = ()
+    """Paper preset only: the GPU types trials may run on, cheapest first (``"L40S"`` or ``"L40S:4"``: at most 4
+    GPUs per trial, one node's worth; ``par_ray.presets.gpu_targets``). Empty: any GPU, planned for 80 GB."""
 
 
 @dataclass(frozen=True)
@@ -138,30 +143,43 @@ def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mappi
             ) -> TrialConfig:
     """The trial config of one Tune trial's flat params: ``preset`` and ``recipe`` plus flat config keys.
 
-    Order: ``presets.preset_trial(preset, backbone, task, seed)`` → the non-recipe keys → the recipe (from
-    ``RECIPES`` or ``extra_recipes``) → the ``recipe.*`` keys (so a search over ``recipe.hold_lambda`` wins over the
-    recipe's value). A ``cell`` param (one of ``SweepSpec.cells``, as Tune's grid hands it over) is read as its flat
-    keys. Under the paper preset a recipe with an EMA teacher gets its parallelism chosen again with the teacher
-    counted, unless the params set one of :data:`PARALLELISM_KEYS`. Raises ``ValueError`` naming unknown keys /
-    values; does not validate ranges.
+    Order: ``presets.preset_trial(preset, backbone, task, seed, gpu_types)`` → the non-recipe keys → the recipe
+    (from ``RECIPES`` or ``extra_recipes``) → the ``recipe.*`` keys (so a search over ``recipe.hold_lambda`` wins over
+    the recipe's value). A ``cell`` param (one of ``SweepSpec.cells``, as Tune's grid hands it over) is read as its
+    flat keys; the :data:`GPU_TYPES_KEY` param as the paper preset's GPU types. Under the paper preset, unless the
+    params set one of :data:`PARALLELISM_KEYS`, the parallelism is chosen again for the config as resolved
+    (``presets.fit_parallelism``: recipe, overrides and EMA teacher counted; with GPU types, cheapest type first;
+    without, 80 GB GPUs of any type). Raises ``ValueError`` naming
+    unknown keys / values; does not validate ranges.
     """
     params = {**{k: v for k, v in params.items() if k != CELL_KEY}, **dict(params.get(CELL_KEY) or {})}
-    flat = {k: v for k, v in params.items() if k not in ("preset", "recipe")}
+    flat = {k: v for k, v in params.items() if k not in ("preset", "recipe", GPU_TYPES_KEY)}
+    gpu_types = tuple(t for t in str(params.get(GPU_TYPES_KEY) or "").split(",") if t)
     cfg = presets.preset_trial(str(params["preset"]), str(flat.pop("backbone.name", "tiny-qwen2")),
-                               str(flat.pop("task.name", "swap_s5")), int(flat.pop("train.seed", 0)))
+                               str(flat.pop("task.name", "swap_s5")), int(flat.pop("train.seed", 0)), gpu_types)
     cfg = from_flat({k: v for k, v in flat.items() if not k.startswith("recipe.")}, base=cfg)
     recipe = str(params.get("recipe", "par"))
     cfg = extra_recipes[recipe](cfg) if extra_recipes and recipe in extra_recipes else apply_recipe(cfg, recipe)
-    if params["preset"] == "paper" and uses_ema(cfg) and not PARALLELISM_KEYS & set(flat):
-        # the preset chose the parallelism without the recipe's EMA teacher (par_ray.distill): choose again with it
-        cfg = from_flat(presets.paper_parallelism(cfg.backbone.name, cfg.task.name, ema=True), base=cfg)
-    return from_flat({k: v for k, v in flat.items() if k.startswith("recipe.")}, base=cfg)
+    choose = params["preset"] == "paper" and not PARALLELISM_KEYS & set(flat)
+    cfg = from_flat({k: v for k, v in flat.items() if k.startswith("recipe.")}, base=cfg)
+    if choose:
+        # the preset chose for its base trial (par); the trial as it runs may need more (a CoT trace, untied copies,
+        # an EMA teacher, a searched window), so choose the GPU count (and type) again for this config
+        cfg = from_flat(presets.fit_parallelism(cfg, gpu_types), base=cfg)
+    return cfg
 
 
 def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
     """Resolve and validate every trial of ``spec`` under ``preset``; raises :class:`SweepConfigError`."""
     from ray import tune
 
+    if opts.gpu_types and preset != "paper":
+        raise SweepConfigError(f"--gpu-types: only --preset paper plans trials per GPU type; preset {preset!r} runs "
+                               f"on CPUs (drop --gpu-types, or pass --preset paper)")
+    try:
+        presets.gpu_targets(opts.gpu_types)
+    except ValueError as e:
+        raise SweepConfigError(str(e)) from None
     backbones = tuple(opts.backbones or spec.backbones.get(preset, presets.PRESET_BACKBONES[preset]))
     seeds = tuple(opts.seeds if opts.seeds is not None else default_seeds(spec, preset))
     dims: dict[str, tuple] = {"recipe": tuple(spec.recipes), "task.name": tuple(spec.tasks),
@@ -178,6 +196,8 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
         dims = {CELL_KEY: tuple(_flat_values(c) for c in cells), **{k: v for k, v in dims.items() if k not in cells[0]}}
 
     fixed: dict[str, typing.Any] = {"preset": preset, **fixed_overrides(spec, preset)}
+    if opts.gpu_types:
+        fixed[GPU_TYPES_KEY] = ",".join(opts.gpu_types)
     if opts.smoke_test:
         fixed.update(_flat_values(presets.smoke_overrides(presets.preset_trial(preset, backbones[0]))))
     search = spec.search

@@ -48,10 +48,11 @@ from par_ray.stages import frozen_parameters, resolve_stages, stage_at, uses_hal
 from par_ray.train.step import train_step
 from par_ray.train.strategies import World, prepare, read_extra
 
-RESUME_FREE_FIELDS = frozenset({"train.num_workers", "train.threads_per_worker", "train.fail_at_step",
-                                "train.collective_timeout_s"})
+RESUME_FREE_FIELDS = frozenset({"train.num_workers", "train.accelerator_type", "train.threads_per_worker",
+                                "train.fail_at_step", "train.collective_timeout_s"})
 """Flat config fields a checkpoint may be resumed under with another value: where the run is placed (ddp and fsdp
-checkpoints load on any world size), fault injection and the collective timeout. Every other field changes what is
+checkpoints load on any world size, on any GPU type; checkpoints written before ``train.accelerator_type`` existed
+lack it), fault injection and the collective timeout. Every other field changes what is
 trained (a learning rate, the step count that shapes the LR schedule, the data), so a resume must match it."""
 
 

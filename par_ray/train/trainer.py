@@ -186,6 +186,8 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
         num_workers=0 if local else tc.num_workers,
         use_gpu=tc.use_gpu,
         resources_per_worker=None if tc.use_gpu else {"CPU": max(1, tc.threads_per_worker)},
+        # every worker on a node of this GPU type (Ray adds an "accelerator_type:<type>" resource to each bundle)
+        accelerator_type=tc.accelerator_type or None,
     )
     return TorchTrainer(
         train_loop_per_worker,
