@@ -11,8 +11,8 @@ read from that pass. One trial per (recipe, seed) therefore evaluates the paper'
 row per rule (``analysis``).
 
 Both presets evaluate every rule of :data:`PAPER_RULES` (the paper's, looser and stricter k of n, τ 0.3 and 0.7).
-Presets: ``local`` — tiny-qwen2 × 3 seeds (6 trials, the main job's CPU budget); ``paper`` — Qwen2.5-0.5B × 3 seeds
-(6 trials).
+Presets: ``local`` — tiny-qwen2 × 3 seeds (6 trials; ~2.5 h on 2 cores, docs/experiments.md §13); ``paper`` —
+Qwen2.5-0.5B × 3 seeds (6 trials).
 
     python sweeps/halting.py                               # local: 2 recipes × 3 seeds
     python sweeps/halting.py --dry-run --preset paper      # the trial plan with the planner's memory per GPU
