@@ -147,11 +147,10 @@ def fit_parallelism(cfg: TrialConfig, gpu_types: typing.Sequence[str] = ()) -> d
                      f"fits none of {PAPER_PARALLELISM_CANDIDATES} on {on} (python -m par_ray.planner --table)")
 
 
-def paper_parallelism(backbone: str, task: str = "swap_s5", ema: bool = False,
-                      gpu_types: typing.Sequence[str] = ()) -> dict[str, object]:
+def paper_parallelism(backbone: str, task: str = "swap_s5", gpu_types: typing.Sequence[str] = ()) -> dict[str, object]:
     """Flat ``train.*`` overrides (strategy, workers, ZeRO stage; with ``gpu_types`` the accelerator type) for
-    ``backbone`` under the paper preset of ``task``: :func:`fit_parallelism` of the paper trial (``ema``: plus a
-    prefix self-distillation EMA teacher).
+    ``backbone`` under the paper preset of ``task``: :func:`fit_parallelism` of the paper trial (recipe ``par``; a
+    sweep chooses again for the recipe a trial runs, ``par_ray.sweep.resolve``).
 
     Per-GPU peak: ``par_ray.planner.plan_trial`` (bf16, the paper trial's R, gradient window, global batch split over
     the GPUs, the task's prompt length and read positions at d_train, the checkpoint's vocabulary). Without
@@ -160,10 +159,7 @@ def paper_parallelism(backbone: str, task: str = "swap_s5", ema: bool = False,
     "H100")``, :func:`gpu_targets`): the first type, then the first candidate, that fits that type's memory. Raises
     ``ValueError`` naming the backbone (and the types) if none fits, or naming ``--gpu-types`` for an unknown type.
     """
-    from par_ray.config import with_overrides
-
-    cfg = paper_trial(backbone, task)
-    return fit_parallelism(with_overrides(cfg, recipe={"distill": "ema"}) if ema else cfg, gpu_types)
+    return fit_parallelism(paper_trial(backbone, task), gpu_types)
 
 
 def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 0,

@@ -34,7 +34,7 @@ CELL_KEY = "cell"
 GRID_DIMS = ("recipe", "task.name", "backbone.name", "train.seed")
 """The grid's dimensions, each a param :func:`resolve` reads."""
 PARALLELISM_KEYS = frozenset({"train.strategy", "train.num_workers", "train.zero_stage", "train.accelerator_type"})
-"""Flat keys the paper preset chooses by memory (``presets.paper_parallelism``); a sweep setting one keeps its own."""
+"""Flat keys the paper preset chooses by memory (``presets.fit_parallelism``); a sweep setting one keeps its own."""
 GPU_TYPES_KEY = "gpu_types"
 """Tune param holding ``--gpu-types`` (comma-joined, cheapest first; ``""`` = any GPU), which :func:`resolve`
 reads, so every trial driver and callback resolves the same config."""
