@@ -429,7 +429,8 @@ def test_console_is_quiet_by_ray_knobs(monkeypatch):
     monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's choice wins
     resources.connect()
     assert calls[-1]["address"] == "local" and calls[-1]["log_to_driver"]
-    assert calls[-1]["runtime_env"]["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    assert calls[-1]["runtime_env"]["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+                                                    "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"}
     assert calls[-1]["runtime_env"]["worker_process_setup_hook"] is resources.quiet_worker_logging
     monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")
     resources.connect()

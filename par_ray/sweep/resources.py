@@ -142,15 +142,19 @@ QUIET_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 """Environment of every Ray worker of a sweep (``runtime_env``; a variable the user set wins). Train V2's print patch
 routes a worker's ``print`` through a logger that also echoes it, so each progress line would reach the console
 twice."""
-LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"}
 """Added on a local cluster this process starts: its machine is never drained for preemption, and Train's watcher
-actor logs a core-worker error line per trial ("constructor arguments in the object store and max_restarts > 0")."""
+actor logs a core-worker error line per trial ("constructor arguments in the object store and max_restarts > 0");
+and Ray's C++ failure-signal handler, which prints "*** SIGTERM received …" and a stack dump from every worker process
+Ray stops at a trial's end (Python's own traceback of a crash still reaches the trial's error and log files). A
+cluster keeps both: its workers may be preempted, and a segfault's C++ stack is worth its lines there."""
 
 
 def quiet_worker_logging() -> None:
     """Ray ``worker_process_setup_hook`` of a sweep's workers: Ray Train V2 logs every report (its metrics and
     checkpoint, ``Reporting training result N: TrainingReport(...)``) at INFO from a logger named by its file path, not
-    ``ray.train.*``, so the trial's ``LoggingConfig`` misses it; it still reaches Train's log files at WARNING."""
+    ``ray.train.*``, so the trial's ``LoggingConfig`` misses it; it still reaches Train's log files at WARNING. Also
+    keeps the autoscaling coordinator's transient "Failed to send resource request" traceback off the console."""
     import logging
 
     try:
@@ -158,6 +162,12 @@ def quiet_worker_logging() -> None:
     except ImportError:  # another Ray version: nothing to quiet
         return
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
+    # Train's controller asks Ray's autoscaling coordinator for its workers' resources with a 5 s timeout; on a busy
+    # machine the coordinator actor is still starting, and Train logs a WARNING with a full traceback that says "safe
+    # to ignore" (it retries every 20 s; a trial whose resources never come stays PENDING in Tune's table). A filter,
+    # not a level: Train's dictConfig resets the levels of the ``ray.train.*`` loggers that exist when it runs.
+    logging.getLogger("ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client").addFilter(
+        lambda record: record.levelno >= logging.ERROR)
 
 
 def connect():
