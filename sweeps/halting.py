@@ -11,10 +11,12 @@ read from that pass. One trial per (recipe, seed) therefore evaluates the paper'
 row per rule (``analysis``).
 
 Both presets evaluate every rule of :data:`PAPER_RULES` (the paper's, looser and stricter k of n, τ 0.3 and 0.7).
-Presets: ``local`` — tiny-qwen2 × 3 seeds (6 trials; ~2.5 h on 2 cores, docs/experiments.md §13); ``paper`` —
-Qwen2.5-0.5B × 3 seeds (6 trials).
+Presets: ``paper`` — Qwen2.5-0.5B, both arms as the paper trains them × 3 seeds (6 trials). ``local`` — tiny-qwen2
+on experiment 9's recipe (:data:`LOCAL_RECIPE`, the one that learns swap_s5 at this scale), 2,400 steps, with the two
+arms adapted to what it showed (docs/experiments.md §14): ``par_halt_posthoc_long`` (a halting stage of 25 % of the
+steps) × 3 seeds and ``par_halt_light`` (joint, halting weight 0.1) on seed 0 — 4 trials, about an hour on 2 cores.
 
-    python sweeps/halting.py                               # local: 2 recipes × 3 seeds
+    python sweeps/halting.py                               # local: 4 trials
     python sweeps/halting.py --dry-run --preset paper      # the trial plan with the planner's memory per GPU
     python sweeps/halting.py --smoke-test --seeds 0
 """
@@ -41,10 +43,11 @@ LOCAL_RECIPE = {
     "recipe.depth_schedule": "forced", "recipe.extra_iterations": 3, "recipe.dense_targets": True,
     "recipe.dense_pending": True, "recipe.fixed_point_weight": 1.0, "recipe.targets": "done",
     "task.given_prefix": 12, "backbone.adapter_alpha": 0.1, "backbone.attention_window": 2, "backbone.coda_window": 8,
-    "train.steps": 2400, "train.eval_every": 1200, "eval.depths": (6, 12, 24),
+    "train.steps": 2400, "train.eval_every": 1200,
 }
-"""The local preset's recipe options (on top of its halting recipes) and budget: tests to 4× (R_max 48), where
-experiment 9 measured this recipe at 0.97 / 0.47 / 0.004 with oracle stopping."""
+"""The local preset's recipe options (on top of its halting recipes) and budget; tests at the local preset's 1×–8×
+(6 … 48, R_max 96), where experiment 9 measured this recipe at 0.97 / 0.47 / 0.004 / 0.004 with oracle stopping.
+(Experiment 14 ran it with tests 6/12/24 only, R_max 48.)"""
 
 LOCAL_HALT_WEIGHT = 0.1
 """Joint arm of the local preset: the halting loss weight. At the paper's 0.5 this recipe did not learn swap_s5 at

@@ -42,8 +42,9 @@ def test_every_shipped_sweep_builds_and_validates(path, preset, smoke):
     plan = sweep.build_plan(spec, Options(preset=preset, smoke_test=smoke), preset)
     assert plan.trials and all(cfg.validate() for _, cfg in plan.trials)
     names = {cfg.recipe.name for _, cfg in plan.trials}
-    assert names == set(spec.recipes)
     cells = sweep.cells_of(spec, preset)
+    # every recipe the spec lists runs, unless this preset's cells pick the recipes (then exactly those)
+    assert names == ({c["recipe"] for c in cells} if cells and "recipe" in cells[0] else set(spec.recipes))
     if spec.search is None:
         backbones = spec.backbones.get(preset, presets.PRESET_BACKBONES[preset])
         seeds = sweep.default_seeds(spec, preset)
@@ -51,7 +52,9 @@ def test_every_shipped_sweep_builds_and_validates(path, preset, smoke):
         if cells:  # explicit cells, crossed with the grid dimensions they do not name
             points = len(cells) * (len(spec.recipes) if "recipe" not in cells[0] else 1) * (
                 len(spec.tasks) if "task.name" not in cells[0] else 1)
-        assert len(plan.trials) == points * len(backbones) * len(seeds)
+        crossed = (len(backbones) if not cells or "backbone.name" not in cells[0] else 1) * (
+            len(seeds) if not cells or "train.seed" not in cells[0] else 1)
+        assert len(plan.trials) == points * crossed
     else:
         assert plan.metric == "G" and plan.mode == "max"
     assert all(cfg.train.use_gpu == (preset == "paper") for _, cfg in plan.trials)
@@ -520,10 +523,13 @@ def test_cells_refuse_a_search_and_bad_cell_values_name_the_trial():
 
 def test_halting_sweep_evaluates_every_stopping_rule_in_one_trial_per_recipe_and_seed():
     module = _load(ROOT / "sweeps/halting.py")
+    expected = {  # one trial per (recipe, seed), not one per rule
+        "paper": [(r, s) for r in ("par_halt", "par_halt_posthoc") for s in (0, 1, 2)],
+        # local: the longer post-hoc stage × 3 seeds and the lighter joint arm on seed 0 (experiments §14)
+        "local": [("par_halt_light", 0)] + [("par_halt_posthoc_long", s) for s in (0, 1, 2)]}
     for preset in ("local", "paper"):
         plan = sweep.build_plan(module.SPEC, Options(preset=preset), preset)
-        assert sorted((c.recipe.name, c.train.seed) for _, c in plan.trials) == [
-            (r, s) for r in ("par_halt", "par_halt_posthoc") for s in (0, 1, 2)]  # 6 trials, not one per rule
+        assert sorted((c.recipe.name, c.train.seed) for _, c in plan.trials) == expected[preset]
         assert {(c.eval.halt_k, c.eval.halt_n, c.eval.halt_tau) for _, c in plan.trials} == {module.PAPER_RULE}
         assert all(c.task.name == "swap_s5" for _, c in plan.trials)
         # the primary rule plus the other PAPER_RULES as eval.halt_rules, i.e. every rule once (both presets)
@@ -533,8 +539,14 @@ def test_halting_sweep_evaluates_every_stopping_rule_in_one_trial_per_recipe_and
     assert sweep.resolve(plan.trials[0][0]).eval.halt_rules == plan.trials[0][1].eval.halt_rules
     joint = [c for _, c in plan.trials if c.recipe.name == "par_halt"]
     posthoc = [c for _, c in plan.trials if c.recipe.name == "par_halt_posthoc"]
-    assert all(c.recipe.halting and len(c.stages) == 1 for c in joint)
-    assert all(not c.recipe.halting and c.stages[-1].recipe == "halt_readout" for c in posthoc)
+    assert all(c.recipe.halting and c.recipe.halt_weight == 0.5 and len(c.stages) == 1 for c in joint)
+    assert all(not c.recipe.halting and c.stages[-1].recipe == "halt_readout" and c.stages[-1].share == 0.1
+               for c in posthoc)
+    local = [c for _, c in sweep.build_plan(module.SPEC, Options(preset="local"), "local").trials]
+    assert all(c.recipe.halting and c.recipe.halt_weight == module.LOCAL_HALT_WEIGHT and len(c.stages) == 1
+               for c in local if c.recipe.name == "par_halt_light")
+    assert all(not c.recipe.halting and c.stages[-1].share == module.LOCAL_POSTHOC_SHARE
+               and c.stages[-1].frozen == "all_but_coda" for c in local if c.recipe.name == "par_halt_posthoc_long")
 
 
 def test_ablations_gain_the_stretch_stage():
@@ -557,7 +569,7 @@ def test_dry_run_of_the_halting_sweep_prints_rules_and_planner_memory(capsys, tm
     module = _load(ROOT / "sweeps/halting.py")
     assert sweep.run_sweep(module.SPEC, Options(preset="paper", dry_run=True, storage=str(tmp_path))) == 0
     out = capsys.readouterr().out
-    assert "6 trials (grid: recipes × tasks × backbones × seeds)" in out
+    assert "6 trials (grid: 2 cells × tasks × backbones × seeds)" in out
     assert ("every trial: eval.halt_k=6, eval.halt_n=8, eval.halt_tau=0.5, "
             "eval.halt_rules=4/8/0.5,8/8/0.5,1/1/0.5,6/8/0.3,6/8/0.7") in out.splitlines()
     rows = [line for line in out.splitlines() if line.startswith("| ") and "| qwen2.5-0.5b |" in line]
