@@ -368,7 +368,7 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     First the declared type of every field (and finiteness of every float), then each field's domain; a field of
     the wrong type is reported once, by the type check, and skipped by the range checks that would read it.
     """
-    from par_ray.model.backbones import BACKBONES  # local: keeps config importable without torch at import time
+    from par_ray.model.registry import BACKBONES  # local: the registry imports this module
 
     t, b, r, tr, ev = cfg.task, cfg.backbone, cfg.recipe, cfg.train, cfg.eval
     errs, bad = _type_errors(cfg)

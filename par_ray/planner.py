@@ -108,8 +108,7 @@ import sys
 import typing
 from dataclasses import dataclass
 
-from par_ray.model import backbones
-from par_ray.model.looped import LoopedLM
+from par_ray.model.registry import BACKBONES
 
 if typing.TYPE_CHECKING:
     from par_ray.config import TrialConfig
@@ -210,6 +209,10 @@ def model_shape(backbone: str, split: tuple[int, int, int] | None = None, tied: 
     ``vocab_size`` / ``num_layers`` override the registry's (task vocabularies, shortened benchmark shapes).
     Raises ``ValueError`` for an unknown backbone or a bad split (from the registry and ``LoopedLM``).
     """
+    # here, not at the top: config validation and the sweep drivers read GPU_MEMORY_GB without building a model
+    from par_ray.model import backbones
+    from par_ray.model.looped import LoopedLM
+
     overrides = {}
     if vocab_size is not None:
         overrides["vocab_size"] = vocab_size
@@ -330,8 +333,8 @@ class MemoryPlan:
 def _errors(backbone, strategy, world_size, R, grad_window, micro_batch, seq_len, zero_stage, offload, dtype,
             read_positions) -> list[str]:
     errs = []
-    if backbone not in backbones.BACKBONES:
-        errs.append(f"backbone: {backbone!r} is not one of {sorted(backbones.BACKBONES)}")
+    if backbone not in BACKBONES:
+        errs.append(f"backbone: {backbone!r} is not one of {sorted(BACKBONES)}")
     if strategy not in STRATEGIES:
         errs.append(f"strategy: {strategy!r} is not one of {list(STRATEGIES)}")
     if zero_stage not in ZERO_STAGES:
@@ -361,7 +364,7 @@ def plan(backbone: str, strategy: str, world_size: int, R: int, grad_window: int
     """Per-GPU memory of one training step (formulas and sources in the module docstring).
 
     Args:
-        backbone: registry name (``par_ray.model.backbones.BACKBONES``).
+        backbone: registry name (``par_ray.model.registry.BACKBONES``).
         strategy: ``ddp`` | ``fsdp`` | ``deepspeed``; ``zero_stage`` (1, 2, 3) applies to ``deepspeed`` only.
         world_size: N data-parallel ranks (GPUs).
         R: core iterations; ``grad_window``: iterations run with autograd (the last min(window, R)).
@@ -558,7 +561,7 @@ def min_gpu_table(names: tuple[str, ...] | None = None, gpu_sizes_gb: tuple[floa
                   columns: tuple[tuple[str, int, bool], ...] = TABLE_STRATEGIES, max_gpus: int = 1024,
                   **workload) -> dict[float, dict[str, dict[str, int | None]]]:
     """``{gpu_gb: {backbone: {column: min_gpus}}}`` for every real Qwen size (default) and strategy column."""
-    names = names or tuple(n for n, spec in backbones.BACKBONES.items() if spec.hub_name)
+    names = names or tuple(n for n, spec in BACKBONES.items() if spec.hub_name)
     return {gb: {name: {_column(*col): min_gpus(name, col[0], gb, zero_stage=col[1], offload=col[2],
                                                 max_gpus=max_gpus, **workload) for col in columns}
                  for name in names}
@@ -645,7 +648,7 @@ def _positive_float(text: str) -> float:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m par_ray.planner", description=__doc__.split("\n\n")[0],
                                  usage="%(prog)s (--backbone NAME --strategy {ddp,fsdp,deepspeed} | --table) [options]")
-    ap.add_argument("--backbone", choices=sorted(backbones.BACKBONES), help="registry name (required unless --table)")
+    ap.add_argument("--backbone", choices=sorted(BACKBONES), help="registry name (required unless --table)")
     ap.add_argument("--strategy", choices=STRATEGIES, help="data-parallel strategy (required unless --table)")
     ap.add_argument("--world-size", type=_positive_int, default=1, help="GPUs (data-parallel ranks)")
     ap.add_argument("--R", type=_positive_int, default=32, help="core iterations per step")

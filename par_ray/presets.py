@@ -42,7 +42,7 @@ def local_trial(backbone: str = "tiny-qwen2", task: str = "swap_s5", seed: int =
 
 
 def _hub_name(backbone: str) -> str | None:
-    from par_ray.model.backbones import BACKBONES
+    from par_ray.model.registry import BACKBONES
 
     return BACKBONES[backbone].hub_name if backbone in BACKBONES else None
 
@@ -171,7 +171,7 @@ def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 
     ``paper``, or unknown).
     """
     from par_ray.config import from_flat
-    from par_ray.model.backbones import BACKBONES
+    from par_ray.model.registry import BACKBONES
 
     if preset not in PRESETS:
         raise ValueError(f"preset: {preset!r} is not one of {list(PRESETS)}")

@@ -11,7 +11,7 @@ import sys
 from ray import tune
 
 from par_ray.config import TrialConfig
-from par_ray.model.backbones import BACKBONES
+from par_ray.model.registry import BACKBONES
 from par_ray.sweep import Search, SweepSpec, main
 
 

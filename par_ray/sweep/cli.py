@@ -10,7 +10,7 @@ import sys
 import typing
 
 from par_ray import presets
-from par_ray.model.backbones import BACKBONES
+from par_ray.model.registry import BACKBONES
 from par_ray.planner import GPU_MEMORY_GB
 from par_ray.sweep.run import run_sweep
 from par_ray.sweep.spec import DEFAULT_STORAGE, PRESET_CHOICES, Options, SweepConfigError, SweepSpec

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from par_ray import presets
 from par_ray.config import TrialConfig, flat_value, from_flat
-from par_ray.model.backbones import BACKBONES
+from par_ray.model.registry import BACKBONES
 from par_ray.recipes import RECIPES, apply_recipe
 
 PRESET_CHOICES = ("auto", "local", "paper")

@@ -34,7 +34,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     from par_ray.config import STRATEGIES
-    from par_ray.model.backbones import BACKBONES
+    from par_ray.model.registry import BACKBONES
     from par_ray.recipes import RECIPES
     from par_ray.tasks import TASKS
 

@@ -39,7 +39,6 @@ from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens, extra_vocab
 from par_ray.distill import uses_ema
 from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics
 from par_ray.halting import halt_tokens, model_vocab_size
-from par_ray.model.looped import build_looped
 from par_ray.objectives import dense_classes, par_loss
 from par_ray.schedules import iterations_at, plan_step
 from par_ray.tasks import build_task
@@ -196,6 +195,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     ``export_dir``: also save the final state there, in the strategy's checkpoint format (ddp: ``state.pt``).
     """
+    # Here, not at the top: Ray Train's controller imports this module to unpickle this function, and a Tune trial
+    # driver to build the trainer; only workers build a model, and transformers' model code takes seconds to import.
+    from par_ray.model.looped import build_looped
+
     cfg: TrialConfig = loop_config["trial"]
     export_dir = loop_config.get("export_dir")
     tc = cfg.train
