@@ -21,3 +21,28 @@ def test_probe_prints_depth_curve_iterations_diagnosis_and_frontier(tmp_path):
                  "test-time slack", "    f=1     f=2"):
         assert line in text, (line, text)
     assert len([ln for ln in text.splitlines() if ln.split()[:1] == ["24"]]) == 1  # d_train 3 × 8
+
+
+def test_halt_signals_tabulates_the_query_and_the_pending_signal(tmp_path):
+    """scripts/halt_signals.py on a tiny joint-halting run with dense pending targets: one row per signal × rule ×
+    depth, and the oracle column the same for both signals (they read the same forward pass)."""
+    import json
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    out = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "par_ray.train", "--train-depth", "3", "--steps", "2", "--eval-depths", "3",
+                    "--set", "recipe.dense_targets=true", "--set", "recipe.dense_pending=true",
+                    "--set", "recipe.halting=true", "--out", str(out)],
+                   check=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    rows_json = tmp_path / "rows.json"
+    probe = subprocess.run([sys.executable, "scripts/halt_signals.py", str(out), "--depths", "3,6", "-n", "8",
+                            "--out", str(rows_json)],
+                           check=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    rows = json.loads(rows_json.read_text())
+    assert len(rows) == 2 * 3 * 2  # signals × rules × depths
+    assert {r["signal"] for r in rows} == {"query", "pending"} and {r["depth"] for r in rows} == {3, 6}
+    for d in (3, 6):
+        assert len({r["oracle_acc"] for r in rows if r["depth"] == d}) == 1
+    assert all(0 <= r["never_halted"] <= 100 and abs(r["gap"] - (r["oracle_acc"] - r["halt_acc"])) < 1e-6
+               for r in rows)
+    assert probe.stdout.count("| pending |") == 6
