@@ -221,8 +221,9 @@ class TrainConfig:
     """``torch.compile`` every decoder layer (prelude, core, coda, untied copies) before the strategy wraps the model,
     as torchtitan compiles each transformer block (``par_ray.train.strategies.compile_layers``): the elementwise ops
     around the matmuls (RMSNorm, rotary, SwiGLU, residual adds) are fused. Costs a one-time compile per process, on
-    the first steps and the first evaluation (~50 s of CPU for the tiny shape); state-dict keys and checkpoints are
-    unchanged, so a run may resume with it on or off. Not with ``recipe.cot``: its KV-cache decoding recompiles."""
+    the first steps and the first evaluation (about a minute of CPU for the tiny shape with a cold inductor cache);
+    state-dict keys and checkpoints are unchanged, so a run may resume with it on or off. Not with ``recipe.cot``:
+    its KV-cache decoding recompiles."""
 
 
 @dataclass(frozen=True)

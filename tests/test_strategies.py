@@ -181,5 +181,6 @@ def test_compiled_layers_train_like_eager_and_share_checkpoints(fresh_dynamo, tm
 
 @pytest.mark.full_only
 def test_inductor_compiled_layers_train_like_eager_and_share_checkpoints(fresh_dynamo, tmp_path):
-    """The real compile (inductor's generated kernels): ~N s of CPU on a cold compile cache."""
+    """The real compile (inductor's generated kernels): ~90 s of CPU on a cold compile cache on 2 cores, ~10x the
+    wall time under load, hence the full form only; the default run keeps the ``aot_eager`` form above."""
     check_compiled_matches_eager(tmp_path)
