@@ -16,10 +16,17 @@ local-preset shape and the same shape widened to h = 256 and h = 512. For each s
 
 The depth is fixed (d = R = ``--depth``, all R iterations in the gradient window) so every step is the same work.
 
+``--compile``: the measured model's decoder layers are compiled (``train.compile``: ``prepare`` calls
+``par_ray.train.strategies.compile_layers``, as the training loop does). Executed FLOPs are counted on the eager
+model first (``FlopCounterMode`` sees ATen calls, which compiled kernels no longer make; fusing elementwise ops does
+not change the matmul FLOPs). The first compiled step compiles every layer variant the step uses; it is left out of
+the timing, and ``compile_seconds`` = its time less the median step time (0 without ``--compile``).
+
 Usage::
 
     python benchmarks/bench_throughput.py [--shapes tiny h256 h512] [--steps 20] [--threads 1] [--out tp.json]
     python benchmarks/bench_throughput.py --attn eager   # the eager-attention arm
+    python benchmarks/bench_throughput.py --compile      # compiled decoder layers (train.compile)
 """
 
 from __future__ import annotations
@@ -70,9 +77,11 @@ def _full_coda_readout(self, state_BTH, read_positions_Q, pos, mask):
     return self.lm_head(self.norm(state_BTH)[:, read_positions_Q])
 
 
-def _step_fn(model: LoopedLM, shape: Shape, depth: int):
-    """A closure running training step i of ``model`` (fresh engine and AdamW) at depth ``depth``."""
-    engine = prepare(model, TrainConfig(steps=1000, batch_size=shape.batch, lr=1e-4, warmup_steps=0), World())
+def _step_fn(model: LoopedLM, shape: Shape, depth: int, compile: bool = False):
+    """A closure running training step i of ``model`` (fresh engine and AdamW) at depth ``depth``; ``compile``: the
+    engine compiles ``model``'s decoder layers (``TrainConfig.compile``, in place)."""
+    train_cfg = TrainConfig(steps=1000, batch_size=shape.batch, lr=1e-4, warmup_steps=0, compile=compile)
+    engine = prepare(model, train_cfg, World())
     task_cfg = TaskConfig(name="swap_s5", train_depth=depth, min_train_depth=depth)
     task = build_task(task_cfg)
     recipe = RecipeConfig(grad_window=depth, max_iterations=depth)
@@ -101,8 +110,10 @@ def matmul_peak(m: int, k: int, n: int, seconds: float = 1.0) -> float:
     return best
 
 
-def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: str | None) -> dict:
-    """Reference and executed FLOPs of one step of ``shape``, the median step time, the peaks and the ratios."""
+def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: str | None,
+            compile: bool = False) -> dict:
+    """Reference and executed FLOPs of one step of ``shape``, the median step time (seconds), the peaks and the
+    ratios; ``compile``: of the model with compiled decoder layers, plus ``compile_seconds`` (module docstring)."""
     task = build_task(TaskConfig(name="swap_s5", train_depth=depth))
     vocab = task.vocab_size
     episode = task.sample(depth, 1, seed=0)
@@ -115,11 +126,18 @@ def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: 
 
     model = _build(shape, vocab, attn)
     step = _step_fn(model, shape, depth)
-    executed_flops = _count_flops(step, 0)
-    for i in range(1, 1 + warmup):
+    executed_flops = _count_flops(step, 0)  # eagerly, also with compile (module docstring)
+    first = 1
+    if compile:
+        step = _step_fn(model, shape, depth, compile=True)
+        t0 = time.perf_counter()
+        step(first)  # compiles, lazily, every layer variant the step uses
+        compile_step = time.perf_counter() - t0
+        first += 1
+    for i in range(first, first + warmup):
         step(i)
     times = []
-    for i in range(1 + warmup, 1 + warmup + steps):
+    for i in range(first + warmup, first + warmup + steps):
         t0 = time.perf_counter()
         step(i)
         times.append(time.perf_counter() - t0)
@@ -127,7 +145,8 @@ def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: 
     shape_peak = matmul_peak(shape.batch * T, shape.hidden, 2 * shape.hidden)
     return {
         "shape": name, "hidden": shape.hidden, "batch": shape.batch, "seq_len": T, "read_positions": Q, "R": depth,
-        "attn_implementation": model.config._attn_implementation,
+        "attn_implementation": model.config._attn_implementation, "compile": compile,
+        "compile_seconds": max(0.0, compile_step - seconds) if compile else 0.0,
         "reference_flops": reference_flops, "executed_flops": executed_flops,
         "step_seconds": seconds, "step_seconds_all": times,
         "achieved_flops_per_s": reference_flops / seconds, "executed_flops_per_s": executed_flops / seconds,
@@ -144,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (peak and steps alike)")
     ap.add_argument("--attn", choices=["eager", "sdpa"], default=None,
                     help="attention implementation (default: the registry's)")
+    ap.add_argument("--compile", action="store_true",
+                    help="compile the decoder layers (train.compile); compile time reported apart, not timed")
     ap.add_argument("--out", help="write the results as JSON to this path")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -151,23 +172,27 @@ def main(argv: list[str] | None = None) -> int:
     machine_peak = matmul_peak(2048, 2048, 2048)
     rows = []
     print(f"machine fp32 matmul peak (2048^3, {args.threads} thread(s)): {machine_peak / 1e9:.1f} GFLOP/s")
-    print(f"{'shape':<7}{'h':>5}{'B':>4}{'T':>4}{'R':>3} {'attn':<6}{'ref GFLOP':>10}{'exec GFLOP':>11}{'step ms':>9}"
-          f"{'GFLOP/s':>9}{'ratio':>7}{'gemm peak':>10}{'ratio/gemm':>11}{'executed':>9}", flush=True)
+    print(f"{'shape':<7}{'h':>5}{'B':>4}{'T':>4}{'R':>3} {'attn':<6}{'compile s':>10}{'ref GFLOP':>10}"
+          f"{'exec GFLOP':>11}{'step ms':>9}{'GFLOP/s':>9}{'ratio':>7}{'gemm peak':>10}{'ratio/gemm':>11}"
+          f"{'executed':>9}", flush=True)
     for name in args.shapes:
-        r = measure(name, SHAPES[name], args.depth, args.steps, args.warmup, args.attn)
+        r = measure(name, SHAPES[name], args.depth, args.steps, args.warmup, args.attn, args.compile)
         r["machine_peak_flops_per_s"] = machine_peak
         r["ratio"] = r["achieved_flops_per_s"] / machine_peak
         r["ratio_executed"] = r["executed_flops_per_s"] / machine_peak
         rows.append(r)
+        compiled = f"{r['compile_seconds']:.1f}" if args.compile else "-"
         print(f"{name:<7}{r['hidden']:>5}{r['batch']:>4}{r['seq_len']:>4}{r['R']:>3} {r['attn_implementation']:<6}"
+              f"{compiled:>10}"
               f"{r['reference_flops'] / 1e9:>10.2f}{r['executed_flops'] / 1e9:>11.2f}{r['step_seconds'] * 1e3:>9.1f}"
               f"{r['achieved_flops_per_s'] / 1e9:>9.1f}{r['ratio']:>7.2f}"
               f"{r['shape_gemm_peak_flops_per_s'] / 1e9:>10.1f}"
               f"{r['ratio_shape_gemm']:>11.2f}{r['ratio_executed']:>9.2f}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"threads": args.threads, "depth": args.depth, "torch": torch.__version__,
-                       "machine_peak_flops_per_s": machine_peak, "shapes": rows}, f, indent=2)
+            json.dump({"threads": args.threads, "depth": args.depth, "compile": args.compile,
+                       "torch": torch.__version__, "machine_peak_flops_per_s": machine_peak, "shapes": rows}, f,
+                      indent=2)
     return 0
 
 

@@ -217,6 +217,13 @@ class TrainConfig:
     """Seconds a gloo/NCCL collective may wait for the other ranks before the run fails (Ray Train's
     ``TorchConfig.timeout_s``, whose default is 30 minutes). It must cover the slowest wait between ranks in a step:
     a training step, an evaluation pass or a checkpoint write; a rank mismatch then fails in this bounded time."""
+    compile: bool = False
+    """``torch.compile`` every decoder layer (prelude, core, coda, untied copies) before the strategy wraps the model,
+    as torchtitan compiles each transformer block (``par_ray.train.strategies.compile_layers``): the elementwise ops
+    around the matmuls (RMSNorm, rotary, SwiGLU, residual adds) are fused. Costs a one-time compile per process, on
+    the first steps and the first evaluation (about a minute of CPU for the tiny shape with a cold inductor cache);
+    state-dict keys and checkpoints are unchanged, so a run may resume with it on or off. Not with ``recipe.cot``:
+    its KV-cache decoding recompiles."""
 
 
 @dataclass(frozen=True)
@@ -482,6 +489,9 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     at_least("train.fail_at_step", -1, " (-1 = off)")
     check("train.collective_timeout_s", lambda: tr.collective_timeout_s >= 1,
           f"must be >= 1 second, got {tr.collective_timeout_s}")
+    check("train.compile recipe.cot", lambda: not (tr.compile and r.cot),
+          "must be false with recipe.cot: its greedy decoding hands transformers' KV cache to every layer, and a "
+          "compiled layer recompiles for each cache state until torch._dynamo's recompile_limit, then runs eagerly")
 
     if "eval.depths" not in bad:
         if not ev.depths or any(d < 1 for d in ev.depths):

@@ -38,12 +38,28 @@ def test_bench_throughput_tiny_writes_ratio(tmp_path):
     doc = json.loads(out.read_text())
     (row,) = doc["shapes"]
     assert row["shape"] == "tiny" and row["R"] == 2 and row["attn_implementation"] == "sdpa"
+    assert doc["compile"] is False and row["compile"] is False and row["compile_seconds"] == 0.0
     # The reference counts the unoptimised step (full coda, eager attention); the model skips the coda's last layer
     # at non-read rows, so it executes fewer FLOPs.
     assert 0 < row["executed_flops"] < row["reference_flops"]
     for key in ("ratio", "ratio_executed", "ratio_shape_gemm"):
         assert row[key] > 0
     assert doc["machine_peak_flops_per_s"] > 0
+
+
+@pytest.mark.full_only
+def test_bench_throughput_compile_times_steps_without_the_compile(tmp_path):
+    """``--compile`` (inductor on CPU: a slow compile, hence full form only): the first compiled step is reported as
+    ``compile_seconds``, not timed; FLOPs are counted eagerly, so they equal the eager run's."""
+    bench = _load("bench_throughput")
+    args = ["--shapes", "tiny", "--depth", "2", "--steps", "1", "--warmup", "0"]
+    assert bench.main([*args, "--compile", "--out", str(tmp_path / "compiled.json")]) == 0
+    assert bench.main([*args, "--out", str(tmp_path / "eager.json")]) == 0
+    (compiled,) = json.loads((tmp_path / "compiled.json").read_text())["shapes"]
+    (eager,) = json.loads((tmp_path / "eager.json").read_text())["shapes"]
+    assert compiled["compile"] is True and compiled["compile_seconds"] > 0 and len(compiled["step_seconds_all"]) == 1
+    for key in ("reference_flops", "executed_flops"):
+        assert compiled[key] == eager[key], key
 
 
 GPU_CHECK_FAST = ("environment", "matmul_peak", "throughput.qwen2", "throughput.qwen3", "memory.qwen2", "memory.qwen3",

@@ -257,3 +257,17 @@ def test_accelerator_type_is_a_known_gpu_type_of_a_gpu_trial():
     with pytest.raises(ValueError, match=r"train\.accelerator_type: 'H100' selects GPU nodes, so it needs "
                                          r"train\.use_gpu=true"):
         with_overrides(TrialConfig(), train={"accelerator_type": "H100"}).validate()
+
+
+def test_compile_is_a_flat_bool_and_refused_with_the_cot_baseline():
+    assert TrialConfig().train.compile is False
+    cfg = from_flat({"train.compile": "true"}).validate()  # --set train.compile=true
+    assert cfg.train.compile is True and to_flat(cfg)["train.compile"] is True
+    assert from_flat(to_flat(cfg)) == cfg
+    with pytest.raises(ValueError, match=r"train\.compile: cannot read 'sometimes'"):
+        from_flat({"train.compile": "sometimes"})
+    cot = apply_recipe(presets.local_trial("tiny-qwen2"), "cot")
+    with pytest.raises(ValueError, match=r"train\.compile: must be false with recipe\.cot: its greedy decoding"):
+        with_overrides(cot, train={"compile": True}).validate()
+    for recipe in sorted(set(RECIPES) - {"cot"}):  # every other recipe takes it
+        with_overrides(apply_recipe(presets.local_trial("tiny-qwen2"), recipe), train={"compile": True}).validate()

@@ -85,7 +85,7 @@ def test_run_name_hashes_the_whole_config_but_not_placement():
     assert name.startswith("par-tiny-qwen2-swap_s5-seed0-ddp-") and name == run_name(TrialConfig())
     # where the run is placed resumes the same run; anything trained differently is another run
     for same in ({"num_workers": 4}, {"threads_per_worker": 2}, {"fail_at_step": 3}, {"collective_timeout_s": 60.0},
-                 {"accelerator_type": "H100"}):
+                 {"accelerator_type": "H100"}, {"compile": True}):
         assert run_name(with_overrides(cfg, train=same)) == name, same
     for other in ({"lr": 3e-4}, {"steps": 10}, {"strategy": "fsdp"}, {"seed": 1}, {"batch_size": 32}):
         assert run_name(with_overrides(cfg, train=other)) != name, other
@@ -103,6 +103,11 @@ def test_resume_mismatch_names_fields_and_ignores_placement():
     older = {k: v for k, v in to_flat(with_overrides(TrialConfig(), train={"use_gpu": True})).items()
              if k != "train.accelerator_type"}
     assert resume_mismatch(older, typed) == []
+    # compiled layers train the same weights under the same names: a run resumes with compile on or off, and
+    # checkpoints written before train.compile existed lack it
+    compiled = to_flat(with_overrides(TrialConfig(), train={"compile": True}))
+    assert resume_mismatch(a, compiled) == []
+    assert resume_mismatch({k: v for k, v in a.items() if k != "train.compile"}, compiled) == []
 
 
 def test_torch_config_times_collectives_out_after_the_configured_seconds():

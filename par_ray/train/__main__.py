@@ -105,7 +105,8 @@ def check_out_dir(out: str, flat: dict) -> None:
     """Raise ``ValueError`` if ``out`` cannot hold this run: a file, or a directory of a run with another config.
 
     ``OUT/config.json`` is the flat config of the run that ``out`` holds. Fields that may differ are those that do
-    not change what is trained (``par_ray.train.loop.RESUME_FREE_FIELDS``: workers, threads, fault injection).
+    not change what is trained (``par_ray.train.loop.RESUME_FREE_FIELDS``: workers, threads, fault injection,
+    compile).
     """
     from par_ray.train.loop import resume_mismatch  # noqa: PLC0415 - after validation: imports torch and Ray
 

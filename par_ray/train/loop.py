@@ -48,11 +48,12 @@ from par_ray.train.step import train_step
 from par_ray.train.strategies import World, prepare, read_extra
 
 RESUME_FREE_FIELDS = frozenset({"train.num_workers", "train.accelerator_type", "train.threads_per_worker",
-                                "train.fail_at_step", "train.collective_timeout_s"})
+                                "train.fail_at_step", "train.collective_timeout_s", "train.compile"})
 """Flat config fields a checkpoint may be resumed under with another value: where the run is placed (ddp and fsdp
 checkpoints load on any world size, on any GPU type; checkpoints written before ``train.accelerator_type`` existed
-lack it), fault injection and the collective timeout. Every other field changes what is
-trained (a learning rate, the step count that shapes the LR schedule, the data), so a resume must match it."""
+lack it), fault injection, the collective timeout and ``train.compile`` (same math and state-dict keys; checkpoints
+written before it existed lack it). Every other field changes what is trained (a learning rate, the step count that
+shapes the LR schedule, the data), so a resume must match it."""
 
 
 class NonFiniteLossError(FloatingPointError):

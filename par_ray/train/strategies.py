@@ -4,6 +4,8 @@ Each strategy is one function ``(model, train_cfg, world) -> Engine``, in the sp
 ``parallelize_llama``: it applies its wrapping in one fixed, commented order and hands back an :class:`Engine`. The
 training loop calls :func:`prepare` once and then only talks to the Engine interface (``engine.model`` to run the
 forward, ``backward``, ``step``, ``save``/``load``, ``all_reduce_sum``); it never branches on the strategy name.
+With ``train.compile``, :func:`prepare` first compiles the decoder layers (:func:`compile_layers`), as torchtitan
+compiles its blocks before FSDP.
 
 =========  ===================================================  ==========================================
 strategy   wrapping                                             checkpoint (a directory per report)
@@ -237,12 +239,50 @@ def _ema_state(state: dict | None, directory: str) -> dict:
     return state
 
 
-def _ema_copy(model: nn.Module) -> nn.Module:
+def _ema_copy(model: nn.Module, train_cfg) -> nn.Module:
     """A float32 copy of ``model`` (made before any wrapping) that never gets gradients: the EMA teacher's start,
-    equal to the student at step 0."""
+    equal to the student at step 0. Its layers are compiled like the student's with ``train_cfg.compile`` (a deep
+    copy drops ``nn.Module.compile``: ``Module.__getstate__`` leaves the compiled call out)."""
     ema = copy.deepcopy(model).float()
     ema.requires_grad_(False)
+    if train_cfg.compile:
+        compile_layers(ema)
     return ema
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Compile
+
+
+def compile_layers(model: nn.Module, backend: str = "inductor") -> nn.Module:
+    """``torch.compile`` every decoder layer of a ``LoopedLM`` in place, as torchtitan compiles each transformer
+    block before FSDP (``apply_compile`` in torchtitan/models/llama3/parallelize.py), and return ``model``.
+
+    Each layer of ``prelude``, ``core``, ``coda`` and the untied core copies gets ``layer.compile(backend=backend,
+    dynamic=True)`` (``nn.Module.compile``). Unlike torchtitan's ``torch.compile(block)``, the module is not wrapped
+    in an ``OptimizedModule``, so parameter names, state dicts and checkpoints stay those of the eager model, and a
+    checkpoint loads whether either side compiled. Unlike torchtitan, no ``fullgraph=True``: the compiled call
+    includes the layer's forward hooks, which the wrappers add later and which run eagerly, between graphs. Dynamo
+    skips FSDP2's (``torch._dynamo.config.skip_fsdp_hooks``), at the layer's edges; DeepSpeed ZeRO-3's are
+    ``torch.compiler.disable``d and sit on every submodule, so under ZeRO-3 each layer is split into several graphs
+    (correct, less fused).
+
+    ``dynamic=True`` keeps batch size and sequence length symbolic (depth, R and evaluation batches vary). Layers of
+    one class share their compiled code; each distinct call (with or without grad, all T rows or the readout's
+    ``rows_Q``, the mask's kind, frozen parameters) compiles once, lazily on first use, so the first training step
+    and the first evaluation carry the compile time. Past ``torch._dynamo.config.recompile_limit`` (8) distinct
+    calls, new ones run eagerly (correct, slower). A deep copy of a compiled layer is not compiled
+    (``Module.__getstate__`` drops the compiled call).
+
+    Args:
+        model: a ``par_ray.model.looped.LoopedLM`` (anything with ``prelude``, ``core``, ``coda``, ``untied``).
+        backend: ``torch.compile`` backend: ``inductor`` (generated fused kernels) or, in tests, ``aot_eager``
+            (traced forward and backward run by eager kernels: checks the trace without the code generation).
+    """
+    for layers in (model.prelude, model.core, model.coda, *model.untied):
+        for layer in layers:
+            layer.compile(backend=backend, dynamic=True)
+    return model
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -257,7 +297,7 @@ def ddp(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine:
     an EMA teacher, a full float32 copy on every rank (the replicas' updates are identical, like the student's).
     """
     model = model.to(world.device)
-    teacher = _ema_copy(model) if ema else None
+    teacher = _ema_copy(model, train_cfg) if ema else None
     wrapped = model
     if world.is_distributed:
         wrapped = nn.parallel.DistributedDataParallel(
@@ -345,7 +385,7 @@ def fsdp(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine
     On GPU, parameters are all-gathered in bf16 and gradients reduced in fp32 (``MixedPrecisionPolicy``).
     """
     model = model.to(world.device)
-    teacher = _ema_copy(model) if ema else None
+    teacher = _ema_copy(model, train_cfg) if ema else None
     if world.has_process_group:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -525,7 +565,7 @@ def deepspeed(model: nn.Module, train_cfg, world: World, ema: bool = False) -> E
     # the same process from trying DeepSpeed's MPI discovery: its backend object outlives the first group.)
     ds.init_distributed(dist_backend="nccl" if world.device.type == "cuda" else "gloo", dist_init_required=False)
     model = model.to(world.device)
-    teacher = _ema_copy(model) if ema else None
+    teacher = _ema_copy(model, train_cfg) if ema else None
     engine, optimizer, _, scheduler = ds.initialize(
         model=model,
         model_parameters=[p for p in model.parameters() if p.requires_grad],
@@ -560,8 +600,11 @@ STRATEGIES: dict[str, Callable[..., Engine]] = {"ddp": ddp, "fsdp": fsdp, "deeps
 
 
 def prepare(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine:
-    """Wrap ``model`` with ``train_cfg.strategy``; ``ema``: also keep an EMA teacher (``Engine.ema``, module
-    docstring). ``ValueError`` naming ``train.strategy`` if unknown."""
+    """Compile ``model``'s decoder layers if ``train_cfg.compile`` (:func:`compile_layers`), then wrap it with
+    ``train_cfg.strategy``; ``ema``: also keep an EMA teacher (``Engine.ema``, module docstring). ``ValueError``
+    naming ``train.strategy`` if unknown."""
     if train_cfg.strategy not in STRATEGIES:
         raise ValueError(f"train.strategy: {train_cfg.strategy!r} is not one of {sorted(STRATEGIES)}")
+    if train_cfg.compile:  # first, as torchtitan: the compiled layers are what the strategy then wraps
+        compile_layers(model)
     return STRATEGIES[train_cfg.strategy](model, train_cfg, world, ema=ema)
