@@ -93,6 +93,17 @@ def dense_classes(task, recipe_cfg) -> int:
     return task.num_states + int(recipe_cfg.dense_pending) if recipe_cfg.dense_targets else 0
 
 
+def dense_class_offset(task, cfg) -> int:
+    """Token id of dense state class 0 for trial config ``cfg``: the model vocabulary before the dense classes — the
+    task's tokens, the halting tokens when the trial trains halting (``par_ray.halting``), the CoT trace's STEP/END
+    (``par_ray.cot``). The "pending" class (``recipe.dense_pending``) is ``dense_class_offset + task.num_states``."""
+    from par_ray.cot import extra_vocab
+    from par_ray.halting import model_vocab_size
+    from par_ray.stages import uses_halting
+
+    return model_vocab_size(task, cfg.backbone, uses_halting(cfg)) + extra_vocab(cfg.recipe, cfg.backbone)
+
+
 def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progress_ids_BD: torch.Tensor,
                         ops_per_iteration: int, class_offset: int, pending_id: int | None = None,
                         given: int = 0) -> LossOutput:

@@ -3,8 +3,8 @@
     python scripts/halt_signals.py RUN [RUN ...] --depths 6,12,24
 
 Two stopping signals, each put through the same k-of-n rules (``par_ray.evaluation.k_of_n_stops``) on the same test
-sets as ``par_ray.evaluation.halting_by_depth`` (``eval.seed``, step 0, ``eval.num_sequences``), R_max = 2 × the
-largest depth / c:
+sets as ``par_ray.evaluation.halting_by_depth`` (``eval.seed``, step 0), R_max as it sets it for these depths
+(``par_ray.evaluation.halt_max_iterations``: 2 × ⌈largest depth / c⌉):
 
 - ``query``: P(Yes) of the halting query through the coda (paper §3, "Learned Halting"; what the trial's
   ``halt_acc_d{D}`` metrics report).
@@ -21,14 +21,17 @@ with ``recipe.halting`` (post-hoc or joint) and, for ``pending``, ``recipe.dense
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
 import torch
 
-from par_ray.evaluation import k_of_n_stops
-from par_ray.halting import halt_tokens, model_vocab_size, p_yes, with_halt_query
+from par_ray.evaluation import halt_max_iterations, k_of_n_stops
+from par_ray.halting import halt_tokens, p_yes, with_halt_query
 from par_ray.model import load_trained
+from par_ray.objectives import dense_class_offset
+from par_ray.stages import uses_halting
 from par_ray.tasks import build_task
 
 RULES = ((6, 8, 0.5), (1, 1, 0.5), (6, 8, 0.7))
@@ -39,13 +42,15 @@ def signals(run: str, depths: list[int], n: int) -> list[dict]:
     """Rows of the table for one trained run (see the module docstring)."""
     trained = load_trained(run)
     cfg, model = trained.config, trained.model
+    if not uses_halting(cfg):
+        raise ValueError(f"{run}: trained without recipe.halting, so it has no halting query to read")
     if not (cfg.recipe.dense_targets and cfg.recipe.dense_pending):
         raise ValueError(f"{run}: the pending signal needs recipe.dense_targets and recipe.dense_pending")
     task = build_task(cfg.task)
     halt = halt_tokens(task, cfg.backbone)
-    pending_id = model_vocab_size(task, cfg.backbone, True) + task.num_states  # after the dense state classes
+    pending_id = dense_class_offset(task, cfg) + task.num_states  # the class after the dense state classes
     c = cfg.recipe.ops_per_iteration
-    R_max = 2 * math.ceil(max(depths) / c)
+    R_max = halt_max_iterations(dataclasses.replace(cfg.eval, depths=tuple(depths), halt_max_iterations=0), c)
     rows = []
     with torch.no_grad():
         for d in depths:

@@ -18,9 +18,8 @@ import argparse
 
 import torch
 
-from par_ray.halting import model_vocab_size
 from par_ray.model import load_trained
-from par_ray.stages import uses_halting
+from par_ray.objectives import dense_class_offset
 from par_ray.tasks import build_task
 
 
@@ -59,7 +58,7 @@ def main() -> None:
         if cfg.recipe.targets == "progress":  # elsewhere the queries are not trained on z_k before the end
             print(diagnosis(hits, cfg.task.train_depth, c))
         if cfg.recipe.dense_targets:
-            base_vocab = model_vocab_size(task, cfg.backbone, uses_halting(cfg))  # dense classes come after it
+            base_vocab = dense_class_offset(task, cfg)  # dense classes come after it
             frontier = frontier_by_iteration(model, ep, -(-d // c), base_vocab)
             print(f"\nat depth {d}: frontier (operations whose state is right in >= 90 % of sequences) per iteration")
             print("k:        " + " ".join(f"{k:>4}" for k in range(1, len(frontier) + 1)))

@@ -35,11 +35,11 @@ import ray.train  # ray
 import torch
 
 from par_ray.config import TrialConfig, to_flat
-from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens, extra_vocab
+from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens
 from par_ray.distill import uses_ema
 from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics
-from par_ray.halting import halt_tokens, model_vocab_size
-from par_ray.objectives import dense_classes, par_loss
+from par_ray.halting import halt_tokens
+from par_ray.objectives import dense_class_offset, dense_classes, par_loss
 from par_ray.schedules import iterations_at, plan_step
 from par_ray.tasks import build_task
 from par_ray.schedules import stretch_cap
@@ -220,7 +220,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     halt = halt_tokens(task, cfg.backbone) if halting else None
     torch.manual_seed(tc.seed)  # identical init on every rank
     # task tokens (+ halting tokens) (+ the CoT trace's STEP/END)
-    base_vocab = model_vocab_size(task, cfg.backbone, halting) + extra_vocab(cfg.recipe, cfg.backbone)
+    base_vocab = dense_class_offset(task, cfg)
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=base_vocab + dense_classes(task, cfg.recipe))
     engine = prepare(model, tc, world, ema=uses_ema(cfg))  # the PSD EMA teacher, if a stage distills from one
 
