@@ -8,8 +8,8 @@ logged as ``cot_tokens_d{D}`` and shown in the table's CoT cost column), plus on
 × the preset's backbones × seeds. The table (``analysis``): rows = recipe or baseline (per task), columns = test
 multiples of d_train, cells mean ± std (n) over seeds.
 
-Presets: ``local`` — tiny-qwen2 × 2 seeds (22 trials), d_train 4, tests to 8× (4 … 32), 1,500 steps, sized for
-about an hour on a 2-core CPU (two trials at a time); ``paper`` — Qwen2.5-0.5B × 3 seeds at each task's paper
+Presets: ``local`` — tiny-qwen2 × 2 seeds (22 trials), d_train 3, tests to 8× (3 … 24), 1,500 steps, sized for
+under an hour on a 2-core CPU (two trials at a time); ``paper`` — Qwen2.5-0.5B × 3 seeds at each task's paper
 depths (``par_ray.tasks.PAPER_DEPTHS``), GPUs per trial chosen by the planner (``--dry-run`` lists them).
 
     python sweeps/main_results.py
@@ -26,9 +26,10 @@ RECIPES = ("par", "fixed_depth", "more_iterations", "rlt", "untied", "cot")
 MAIN_TASK = "swap_s5"
 OTHER_TASKS = ("s5", "a5", "rule_table", "object_tracking", "reachability")
 """Tasks with one ``par`` row each."""
-LOCAL_TRAIN_DEPTH = 4
-"""The local preset's d_train: 22 trials must fit about an hour on 2 cores, and a step at d = 4 costs about half of
-one at the local default d = 6 (R·T ∝ d(d + 7)); tests at 1×, 2×, 4×, 8×."""
+LOCAL_TRAIN_DEPTH = 3
+"""The local preset's d_train: 22 trials must fit an hour on 2 cores, and a step's cost grows as R·T ∝ d(d + 7), so a
+step at d = 3 costs 0.68 of one at d = 4 (which took ~2 h for the 22 trials, docs/experiments.md §11) and 0.38 of one
+at the local default d = 6; tests at 1×, 2×, 4×, 8×."""
 
 
 def make_spec(recipes: tuple[str, ...] = RECIPES) -> SweepSpec:
@@ -46,7 +47,7 @@ def make_spec(recipes: tuple[str, ...] = RECIPES) -> SweepSpec:
         backbones={"local": ("tiny-qwen2",), "paper": ("qwen2.5-0.5b",)},
         seeds={"local": (0, 1), "paper": (0, 1, 2)},
         preset_overrides={"local": {"task.train_depth": d, "eval.depths": (d, 2 * d, 4 * d, 8 * d),
-                                    "train.steps": 1500, "train.eval_every": 500, "train.checkpoint_every": 500}},
+                                    "train.steps": 1500, "train.eval_every": 750, "train.checkpoint_every": 750}},
     )
 
 

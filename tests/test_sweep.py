@@ -477,7 +477,7 @@ def test_main_results_grid_with_the_recipes_that_exist(preset):
     assert {c.backbone.name for _, c in plan.trials} == {"tiny-qwen2" if preset == "local" else "qwen2.5-0.5b"}
     if preset == "local":  # the shorter local budget, on every trial
         assert {(c.task.train_depth, c.eval.depths, c.train.steps) for _, c in plan.trials} == {
-            (4, (4, 8, 16, 32), 1500)}
+            (3, (3, 6, 12, 24), 1500)}
     else:
         assert {c.train.steps for _, c in plan.trials} == {5000}
         assert {c.task.train_depth for _, c in plan.trials if c.task.name == "reachability"} == {16}
