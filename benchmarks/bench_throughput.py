@@ -37,7 +37,7 @@ import statistics
 import sys
 import time
 import types
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode

@@ -515,9 +515,9 @@ def config_errors(cfg: TrialConfig) -> list[str]:
           "needs recipe.dense_targets=true (which tokens hold is read from the dense targets' frontier)")
     check("recipe.dense_pending recipe.dense_targets", lambda: r.dense_targets or not r.dense_pending,
           "needs recipe.dense_targets=true")
-    if r.dense_targets is True:
-        from par_ray.tasks import TASKS  # local: keeps config importable without torch at import time
+    from par_ray.tasks import TASKS  # local: keeps config importable without torch at import time
 
+    if r.dense_targets is True:
         check("recipe.dense_targets task.name", lambda: t.name not in TASKS or TASKS[t.name].num_states > 0,
               lambda: (f"task {t.name!r} defines no whole-task state; dense targets need one of "
                        f"{[n for n, task in TASKS.items() if task.num_states > 0]}"))
@@ -534,8 +534,6 @@ def config_errors(cfg: TrialConfig) -> list[str]:
               f"so it needs 'final' (iterations before c·k >= d get the teacher's KL instead)")
         check("recipe.dense_targets recipe.distill", lambda: not r.dense_targets,
               "must be false with recipe.distill (dense targets label every prefix; PSD labels final answers only)")
-        from par_ray.tasks import TASKS  # local: keeps config importable without torch at import time
-
         check("recipe.distill task.name", lambda: t.name not in TASKS or TASKS[t.name].op_width is not None,
               lambda: (f"task {t.name!r} has no serial [BOS, ops, SEP, queries] prompt, so the distillation teacher's "
                        f"truncated prompt is undefined; recipe.distill needs one of "

@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from par_ray import presets
-from par_ray.config import BackboneConfig, RecipeConfig, STRATEGIES, TaskConfig, TrainConfig, with_overrides
+from par_ray.config import BackboneConfig, RecipeConfig, STRATEGIES, with_overrides
 from par_ray.cot import (CotTask, cot_accuracy_by_depth, cot_tokens, extra_vocab, final_state, format_trace,
                          greedy_decode, parse_trace, trace_length)
 from par_ray.evaluation import accuracy_by_depth

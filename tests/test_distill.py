@@ -139,7 +139,7 @@ def test_teacher_reads_exactly_the_truncated_prompt_without_gradient(recipe, one
         res = run(engine, task, cfg, [step])[0]
         if res.plan.depth >= 3:
             break
-    d, R = res.plan.depth, res.plan.R
+    d = res.plan.depth
     ep = task.sample(d, cfg.train.batch_size, seed=0, step=step)
     want_k = [k for k in res.iterations if k < d]  # c = 1
     assert [R_t for _, _, R_t, _ in calls] == want_k  # R_teacher = ⌈c·k / c⌉ = k

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from par_ray import planner
 from par_ray.model import backbones
