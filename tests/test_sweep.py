@@ -575,3 +575,14 @@ def test_dry_run_of_the_halting_sweep_prints_rules_and_planner_memory(capsys, tm
     rows = [line for line in out.splitlines() if line.startswith("| ") and "| qwen2.5-0.5b |" in line]
     assert len(rows) == 6 and all(" GB (" in row and "| ddp | 1 | 1 GPU" in row for row in rows)
     assert sum("| par_halt_posthoc |" in row for row in rows) == 3
+
+
+def test_label_free_local_preset_is_swap_s5_at_the_main_results_budget_and_paper_is_s5():
+    module = _load(ROOT / "sweeps/label_free.py")
+    local = sweep.build_plan(module.SPEC, Options(preset="local"), "local")
+    got = sorted((c.recipe.name, c.task.name, c.train.seed, c.backbone.name) for _, c in local.trials)
+    assert got == sorted((r, "swap_s5", s, "tiny-qwen2") for r in module.RECIPES for s in (0, 1, 2))
+    assert {(c.task.train_depth, c.eval.depths, c.train.steps) for _, c in local.trials} == {(3, (3, 6, 12, 24), 1500)}
+    paper = sweep.build_plan(module.SPEC, Options(preset="paper", backbones=("qwen2.5-0.5b",)), "paper")
+    assert sorted({(c.recipe.name, c.task.name) for _, c in paper.trials}) == sorted(
+        (r, "s5") for r in module.RECIPES)
