@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from analysis.load import RULE_SCHEMA, TRIAL_KEYS, SweepFrames
+from analysis.load import RULE_SCHEMA, TRIAL_KEYS, SweepFrames, signal_rank
 
 GROUP = list(TRIAL_KEYS)
 FINISHED = pl.col("status") == "FINISHED"
@@ -56,7 +56,8 @@ class Summary:
     G: pl.DataFrame
     """:func:`g_summary`: per configuration (task, backbone, recipe, config)."""
     halting: pl.DataFrame
-    """:func:`halting_gap`: per configuration, stopping rule and depth; empty when no halting metrics were logged."""
+    """:func:`halting_gap`: per configuration, stopping signal, stopping rule and depth; empty when no halting metrics
+    were logged."""
     iterations: pl.DataFrame
     """:func:`iteration_stats`: per configuration and k; empty when no rms_k / halt_prob_k were logged."""
     excluded: pl.DataFrame
@@ -257,27 +258,32 @@ def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
 
 
 def halting_gap(halting: pl.DataFrame) -> pl.DataFrame:
-    """Halting-rule accuracy vs oracle stopping (R* = ⌈d/c⌉) per configuration, stopping rule and depth, FINISHED
-    trials with both.
+    """Halting-rule accuracy vs oracle stopping (R* = ⌈d/c⌉) per configuration, stopping signal, stopping rule and
+    depth, FINISHED trials with both.
 
-    ``halting``: ``SweepFrames.halting`` (one row per run, rule and depth: the primary rule and each extra rule of
-    ``eval.halt_rules``, see ``analysis.load.halting_frame``), or an ``acc`` frame, read as the primary rule only
-    with the rule unknown (null). gap = oracle_acc − halt_acc per seed (in accuracy fractions; negative when the
-    rule's iteration beats R*), then mean/std over seeds. Returns columns: GROUP, rule ("6 of 8, τ 0.5"; null when
+    ``halting``: ``SweepFrames.halting`` (one row per run, signal, rule and depth: the primary rule and each extra
+    rule of ``eval.halt_rules``, on the halting query and, where logged, on the last operation's pending signal; see
+    ``analysis.load.halting_frame``), or an ``acc`` frame, read as the primary rule of the query signal only with
+    the rule unknown (null). gap = oracle_acc − halt_acc per seed (in accuracy fractions; negative when the
+    rule's iteration beats R*), then mean/std over seeds. Returns columns: GROUP, signal (``query`` or ``pending``,
+    ``analysis.load.SIGNALS``), rule ("6 of 8, τ 0.5"; null when
     the run's ``eval.halt_*`` params were not logged), halt_k, halt_n, halt_tau, depth, train_depth, n, halt_mean,
     halt_std, oracle_mean, oracle_std, gap_mean, gap_std, halt_iter_mean (mean iterations run under the halting
     rule), never_halted_mean, never_halted_std (fraction of sequences answered at R_max because the rule never
     fired), dR_mean, dR_std (the per-seed mean over sequences of R − R*, then mean and std over seeds),
     dR_spread_mean (the per-seed std over sequences of R − R*, averaged over seeds); each null when not logged.
-    Sorted by GROUP, rule (n, k, τ), depth. Empty when no trial logged ``halt_acc_d{D}`` and ``oracle_acc_d{D}``.
+    Sorted by GROUP, signal (query first), rule (n, k, τ), depth. Empty when no trial logged ``halt_acc_d{D}`` and
+    ``oracle_acc_d{D}``.
     """
-    keys = [*GROUP, "rule", "depth"]
+    keys = [*GROUP, "signal", "rule", "depth"]
     fin = with_config(halting).filter(FINISHED & pl.col("halt_acc").is_not_null()
                                       & pl.col("oracle_acc").is_not_null())
     fin = fin.with_columns([pl.lit(None, pl.Float64).alias(k) for k in ("never_halted", "halt_dR_mean", "halt_dR_std")
                             if k not in fin.columns])  # frames built by hand without these kinds
     fin = fin.with_columns([pl.lit(None, t).alias(k) for k, t in RULE_SCHEMA.items()
                             if k not in fin.columns])  # an acc frame: the primary rule, unknown
+    if "signal" not in fin.columns:  # an acc frame: the halting query's metrics
+        fin = fin.with_columns(pl.lit("query", pl.String).alias("signal"))
     gap = pl.col("oracle_acc") - pl.col("halt_acc")
     return (
         fin.group_by(keys)
@@ -298,8 +304,8 @@ def halting_gap(halting: pl.DataFrame) -> pl.DataFrame:
             pl.col("halt_dR_mean").std(ddof=1).alias("dR_std"),
             pl.col("halt_dR_std").mean().alias("dR_spread_mean"),
         )
-        .select(*GROUP, *RULE_SCHEMA, "depth", pl.exclude(*GROUP, *RULE_SCHEMA, "depth"))
-        .sort([*GROUP, "halt_n", "halt_k", "halt_tau", "depth"], nulls_last=True)
+        .select(*GROUP, "signal", *RULE_SCHEMA, "depth", pl.exclude(*GROUP, "signal", *RULE_SCHEMA, "depth"))
+        .sort([*GROUP, signal_rank(pl.col("signal")), "halt_n", "halt_k", "halt_tau", "depth"], nulls_last=True)
     )
 
 

@@ -6,7 +6,9 @@ params = the flat trial config, final metrics ``acc_d{D}``, ``acc_query_d{D}``, 
 ``halt_acc_d{D}``, ``oracle_acc_d{D}``, ``halt_iter_d{D}``, ``never_halted_d{D}``, ``halt_dR_mean_d{D}``,
 ``halt_dR_std_d{D}`` (``par_ray.evaluation.halting_metrics``: the primary stopping rule, params ``eval.halt_k``,
 ``eval.halt_n``, ``eval.halt_tau``), the same but ``oracle_acc`` for each extra rule of ``eval.halt_rules`` with the
-rule in the name, ``{kind}_d{D}_k{k}n{n}t{tau}`` (``halt_acc_d32_k4n8t0.3``), ``cot_tokens_d{D}`` (the ``cot``
+rule in the name, ``{kind}_d{D}_k{k}n{n}t{tau}`` (``halt_acc_d32_k4n8t0.3``), and, for trials trained with
+``recipe.dense_pending``, every one of those but ``oracle_acc`` again for the last operation's pending signal with
+``_pending`` appended (``halt_acc_d32_pending``, ``halt_acc_d32_k4n8t0.3_pending``), ``cot_tokens_d{D}`` (the ``cot``
 baseline's mean generated tokens), ``rms_k{K}``, ``halt_prob_k{K}``). Trials are grouped by
 their tags, never by run names, and by their ``config``: the params that vary between the loaded trials of one
 (task, backbone, recipe), seed excepted (:func:`config_labels`). After an Optuna search, each sampled configuration is
@@ -19,9 +21,11 @@ Four frames come out (:class:`SweepFrames`):
 - ``acc``: long, one row per (run, test depth): ``acc`` (full-state), ``acc_query``, the primary rule's halting
   metrics ``halt_acc``, ``oracle_acc``, ``halt_iter``, ``never_halted``, ``halt_dR_mean``, ``halt_dR_std``, and
   ``cot_tokens`` (null where not logged).
-- ``halting``: long, one row per (run, stopping rule, test depth) of every run that logged halting metrics, the
-  primary rule and each extra rule: the rule (``rule`` = ``"6 of 8, τ 0.5"``, ``halt_k``, ``halt_n``, ``halt_tau``,
-  ``primary``) and :data:`HALT_KINDS`, ``oracle_acc`` being the run's one oracle-stopping accuracy at that depth.
+- ``halting``: long, one row per (run, stopping signal, stopping rule, test depth) of every run that logged halting
+  metrics, the primary rule and each extra rule: the ``signal`` (:data:`SIGNALS`: ``query``, the paper's halting
+  read-out; ``pending``, the last operation's pending read-out where logged), the rule (``rule`` =
+  ``"6 of 8, τ 0.5"``, ``halt_k``, ``halt_n``, ``halt_tau``, ``primary``) and :data:`HALT_KINDS`, ``oracle_acc``
+  being the run's one oracle-stopping accuracy at that depth.
 - ``by_iteration``: long, one row per (run, iteration k): ``rms`` and ``halt_prob`` (null where not logged).
 """
 
@@ -68,6 +72,14 @@ _RULE_KINDS = tuple(k for k in HALT_KINDS if k != "oracle_acc")  # oracle stoppi
 _RULE_METRIC = (rf"^(?<kind>{'|'.join(_RULE_KINDS)})_d(?<depth>\d+)"
                 r"_k(?<halt_k>\d+)n(?<halt_n>\d+)t(?<halt_tau>\d[0-9.e-]*)$")
 """An extra rule's metric (``par_ray.evaluation.rule_suffix``): ``halt_acc_d32_k4n8t0.3``."""
+_PENDING_METRIC = rf"^(?<kind>{'|'.join(_RULE_KINDS)})_d(?<depth>\d+)_pending$"
+"""The primary rule's metric on the pending signal: ``halt_acc_d32_pending``."""
+_PENDING_RULE_METRIC = _RULE_METRIC.removesuffix("$") + "_pending$"
+"""An extra rule's metric on the pending signal: ``halt_acc_d32_k4n8t0.3_pending``."""
+SIGNALS = ("query", "pending")
+"""Stopping signals of ``halting`` rows, in display order: ``query``, P(Yes) of the halting query (paper §3); and
+``pending``, 1 − P(pending) of the dense read-out at the last operation (``recipe.dense_pending``; a par_ray signal,
+docs/experiments.md §14)."""
 RULE_SCHEMA = {"rule": pl.String, "halt_k": pl.Int64, "halt_n": pl.Int64, "halt_tau": pl.Float64}
 """The stopping rule of a ``halting`` row: its label (:func:`rule_label`) and (k, n, τ)."""
 
@@ -112,8 +124,8 @@ class SweepFrames:
     acc: pl.DataFrame
     """Long: ``_ID_COLUMNS`` + ``depth`` (Int64) + ``DEPTH_KINDS`` (Float64, null where not logged)."""
     halting: pl.DataFrame
-    """Long: ``_ID_COLUMNS`` + ``RULE_SCHEMA`` + ``primary`` (Boolean) + ``depth`` (Int64) + ``HALT_KINDS``
-    (Float64, null where not logged); see :func:`halting_frame`."""
+    """Long: ``_ID_COLUMNS`` + ``signal`` (String) + ``RULE_SCHEMA`` + ``primary`` (Boolean) + ``depth`` (Int64) +
+    ``HALT_KINDS`` (Float64, null where not logged); see :func:`halting_frame`."""
     by_iteration: pl.DataFrame
     """Long: ``_ID_COLUMNS`` + ``k`` (Int64, 1-based iteration) + ``ITER_KINDS`` (Float64, null where not logged)."""
     experiment_id: str | None = None
@@ -228,46 +240,62 @@ def rule_label(k: pl.Expr, n: pl.Expr, tau: pl.Expr) -> pl.Expr:
 
 
 def halting_frame(trials: pl.DataFrame, acc: pl.DataFrame) -> pl.DataFrame:
-    """``SweepFrames.halting``: one row per (run, stopping rule, test depth) of every run that logged halting metrics.
+    """``SweepFrames.halting``: one row per (run, stopping signal, stopping rule, test depth) of every run that logged
+    halting metrics.
 
     The primary rule's rows are the ``acc`` rows with any of :data:`HALT_KINDS` logged, their rule (k, n, τ) read
     from the run's params ``eval.halt_k``, ``eval.halt_n``, ``eval.halt_tau`` (the ``trials`` columns ``halt_k``,
     ``halt_n``, ``halt_tau``; null when not logged or when ``trials`` has no such columns, e.g. built by hand), with
     ``primary`` true. Each extra rule's rows come from the trial metric columns named like ``halt_acc_d32_k4n8t0.3``
     (k, n, τ read from the name), with ``primary`` false and ``oracle_acc`` the primary rows' value at that depth (one
-    oracle-stopping accuracy per run and depth, whatever the rule). Columns: ``_ID_COLUMNS``, ``RULE_SCHEMA``,
-    ``primary``, ``depth``, ``HALT_KINDS``, sorted by run, rule (n, k, τ) and depth.
+    oracle-stopping accuracy per run and depth, whatever the rule). These rows have ``signal`` ``"query"``; the same
+    metrics of the pending signal (``halt_acc_d32_pending``, ``halt_acc_d32_k4n8t0.3_pending``, see
+    ``par_ray.evaluation.halting_metrics``) give rows with ``signal`` ``"pending"``, their rule and ``oracle_acc``
+    found the same way. Columns: ``_ID_COLUMNS``, ``signal``, ``RULE_SCHEMA``, ``primary``, ``depth``,
+    ``HALT_KINDS``, sorted by run, signal (:data:`SIGNALS` order), rule (n, k, τ) and depth.
     """
     rule_types = {c: t for c, t in RULE_SCHEMA.items() if c != "rule"}
     ids = [c for c in _ID_COLUMNS if c in acc.columns]  # all of them, but in frames built by hand (no config)
-    schema = ({c: acc.schema[c] for c in ids} | RULE_SCHEMA
+    schema = ({c: acc.schema[c] for c in ids} | {"signal": pl.String} | RULE_SCHEMA
               | {"primary": pl.Boolean, "depth": pl.Int64} | {k: pl.Float64 for k in HALT_KINDS})
     rules = trials.select("run_id", *[(pl.col(c) if c in trials.columns else pl.lit(None)).cast(t).alias(c)
                                       for c, t in rule_types.items()])
     acc = acc.with_columns([pl.lit(None, pl.Float64).alias(k) for k in HALT_KINDS if k not in acc.columns])
     primary = (acc.filter(pl.any_horizontal(pl.col(HALT_KINDS).is_not_null()))
                .join(rules, on="run_id", how="left")
-               .with_columns(pl.lit(True).alias("primary")))
+               .with_columns(pl.lit(True).alias("primary"), pl.lit("query").alias("signal")))
     parts = [primary]
-    metric_cols = trials.select(cs.matches(_RULE_METRIC)).columns
-    if metric_cols:
-        keys = ["run_id", "depth", *rule_types]
-        extra = (
+    for pattern, is_primary, signal in ((_RULE_METRIC, False, "query"), (_PENDING_METRIC, True, "pending"),
+                                        (_PENDING_RULE_METRIC, False, "pending")):
+        metric_cols = trials.select(cs.matches(pattern)).columns
+        if not metric_cols:
+            continue
+        named = {"depth": pl.Int64} | ({} if is_primary else rule_types)  # groups of the metric name
+        part = (
             trials.unpivot(index="run_id", on=metric_cols, variable_name="metric")
             .filter(pl.col("value").is_not_null())
-            .with_columns(pl.col("metric").str.extract_groups(_RULE_METRIC))
+            .with_columns(pl.col("metric").str.extract_groups(pattern))
             .unnest("metric")
-            .with_columns([pl.col(c).cast(t) for c, t in {"depth": pl.Int64, **rule_types}.items()])
-            .pivot(on="kind", index=keys, values="value")
+            .with_columns([pl.col(c).cast(t) for c, t in named.items()])
+            .pivot(on="kind", index=["run_id", *named], values="value")
         )
-        extra = (extra.with_columns([pl.lit(None, pl.Float64).alias(k) for k in _RULE_KINDS if k not in extra.columns])
-                 .join(primary.select("run_id", "depth", "oracle_acc"), on=["run_id", "depth"], how="left")
-                 .join(trials.select(ids), on="run_id", how="left")
-                 .with_columns(pl.lit(False).alias("primary")))
-        parts.append(extra)
+        if is_primary:  # the rule of the primary rows: the run's params
+            part = part.join(rules, on="run_id", how="left")
+        part = (part.with_columns([pl.lit(None, pl.Float64).alias(k) for k in _RULE_KINDS if k not in part.columns])
+                .join(primary.select("run_id", "depth", "oracle_acc"), on=["run_id", "depth"], how="left")
+                .join(trials.select(ids), on="run_id", how="left")
+                .with_columns(pl.lit(is_primary).alias("primary"), pl.lit(signal).alias("signal")))
+        parts.append(part)
     out = pl.concat([p.with_columns(rule_label(pl.col("halt_k"), pl.col("halt_n"), pl.col("halt_tau")).alias("rule"))
                      .select(list(schema)).cast(schema) for p in parts])
-    return out.sort("run_id", "halt_n", "halt_k", "halt_tau", "depth", nulls_last=True)
+    return out.sort("run_id", signal_rank(pl.col("signal")), "halt_n", "halt_k", "halt_tau", "depth",
+                    nulls_last=True)
+
+
+def signal_rank(signal: pl.Expr) -> pl.Expr:
+    """Sort key of a ``signal`` column: its position in :data:`SIGNALS` (``query`` first), unknown names after."""
+    return signal.replace_strict({s: i for i, s in enumerate(SIGNALS)}, default=len(SIGNALS),
+                                 return_dtype=pl.Int64)
 
 
 def frames_from_trials(trials: pl.DataFrame, experiment_id: str | None = None,

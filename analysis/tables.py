@@ -10,7 +10,8 @@ Layouts (PAR paper, §5):
   multiple), then G.
 - ``halting``: halting-rule accuracy, oracle-stopping accuracy (R = ⌈d/c⌉), their gap, the iterations run, the
   never-halted fraction and R − ⌈d/c⌉ (mean and spread), per stopping rule ("6 of 8, τ 0.5": the primary
-  ``eval.halt_k/n/tau`` and each extra rule of ``eval.halt_rules``) and test depth.
+  ``eval.halt_k/n/tau`` and each extra rule of ``eval.halt_rules``) and test depth; with a ``signal`` column and the
+  last operation's pending signal as more rows when trials logged it (``recipe.dense_pending``).
 - ``ablation``: one row per recipe with its anchoring and targets, accuracy at the largest multiple tested by every
   row, and G.
 
@@ -33,6 +34,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis.aggregate import GROUP, Summary
+from analysis.load import signal_rank
 
 MISSING = "–"
 SCALE_MULTIPLE = 16
@@ -271,14 +273,20 @@ def halting_results(summary: Summary) -> Table | None:
     """Rows recipe × backbone (× config) × stopping rule × test depth: halting-rule and oracle (R = ⌈d/c⌉) accuracy
     (%), gap (points), iterations run, never-halted fraction (%), R − ⌈d/c⌉ (mean ± std over seeds) and its spread
     over sequences. The ``rule`` column ("6 of 8, τ 0.5"; "–" where a run did not log its ``eval.halt_*`` params)
-    lists the primary rule and every extra rule of ``eval.halt_rules``, ordered by n, k, τ. ``None`` when no trial
-    logged halting metrics."""
+    lists the primary rule and every extra rule of ``eval.halt_rules``, ordered by n, k, τ. When any trial logged
+    the pending signal (``halt_acc_d{D}_pending``: ``recipe.dense_pending``, a par_ray signal, not the paper's
+    read-out; docs/experiments.md §14), a ``signal`` column before ``rule`` tells ``query`` (the halting query's
+    P(Yes), paper §3) from ``pending`` (1 − P(pending) at the last operation), the pending rows after the query rows
+    of each configuration; otherwise the table is the query signal's alone, without that column. ``None`` when no
+    trial logged halting metrics."""
     h = summary.halting
     if h.is_empty():
         return None
+    if "signal" not in h.columns:
+        h = h.with_columns(pl.lit("query", pl.String).alias("signal"))
     rows = h.select(
         *GROUP,
-        "rule", "halt_k", "halt_n", "halt_tau",
+        "signal", "rule", "halt_k", "halt_n", "halt_tau",
         "depth",
         pl.struct("depth", "train_depth")
         .map_elements(lambda r: depth_label(r["depth"], r["train_depth"]), return_dtype=pl.String)
@@ -290,9 +298,11 @@ def halting_results(summary: Summary) -> Table | None:
         _acc_cell_expr("never_halted_").alias("never halted (%)"),
         _acc_cell_expr("dR_", scale=1.0).alias("R − ⌈d/c⌉"),
         pl.col("dR_spread_mean").map_elements(lambda v: f"{v:.1f}", return_dtype=pl.String).alias("spread of R"),
-    )
-    rows = ordered(rows, ["task", "recipe", "backbone"], then=("config", "halt_n", "halt_k", "halt_tau", "depth"))
-    label_cols = _label_columns(rows, ["task", "recipe", "backbone", "config"])
+    ).with_columns(signal_rank(pl.col("signal")).alias("_signal"))
+    rows = ordered(rows, ["task", "recipe", "backbone"],
+                   then=("config", "_signal", "halt_n", "halt_k", "halt_tau", "depth"))
+    pending = (rows.get_column("signal") == "pending").any()
+    label_cols = _label_columns(rows, ["task", "recipe", "backbone", "config"]) + (["signal"] if pending else [])
     frame = _show_config(rows).select(*label_cols, "rule", "test depth", "halting (%)", "oracle (%)",
                                       "oracle − halting (pts)", "iterations", "never halted (%)", "R − ⌈d/c⌉",
                                       "spread of R").fill_null(MISSING)
@@ -303,7 +313,15 @@ def halting_results(summary: Summary) -> Table | None:
             "never fired, answered at R_max (%); R − ⌈d/c⌉: per seed the mean over sequences, then mean ± std over "
             "seeds; spread of R: the std over sequences of R − ⌈d/c⌉, averaged over seeds. Mean ± std (n) over "
             "seeds.")
-    return Table("halting", f"Halting vs oracle stopping{_task_title(rows)}", frame, (note, *_exclusion_note(summary)))
+    notes = [note]
+    if pending:
+        notes.append("Signal: query = P(Yes) of the halting query (the paper's read-out, §3); pending = "
+                     "1 − P(pending) of the dense read-out at the last operation (recipe.dense_pending: positions past "
+                     "the frontier are trained on a \"pending\" class), put through the same rules in place of "
+                     "P(Yes), read from the same run of the model, with the same oracle. The pending signal is a "
+                     "par_ray signal, not the paper's (docs/experiments.md §14).")
+    return Table("halting", f"Halting vs oracle stopping{_task_title(rows)}", frame,
+                 (*notes, *_exclusion_note(summary)))
 
 
 def ablation_results(summary: Summary) -> Table | None:

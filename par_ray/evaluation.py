@@ -227,6 +227,7 @@ def halting_by_depth(
     rank: int = 0,
     world_size: int = 1,
     reduce_sum=lambda t: t,
+    pending_id: int | None = None,
 ) -> dict[int, dict]:
     """Accuracy when the model stops itself (k-of-n rule) vs oracle stopping R* = ⌈d/c⌉, at every test depth.
 
@@ -234,17 +235,29 @@ def halting_by_depth(
     (``par_ray.halting.with_halt_query``) and runs R_max = :func:`halt_max_iterations` iterations once, read out at
     every iteration; the answer at each rule's R (the primary rule and every ``eval.halt_rules`` entry, see
     :func:`halting_rules`) and at R* come from that one run, so extra rules cost no forward pass. Memory: the
-    read-out logits, R_max × batch × (Q + 1) × V per chunk (``eval.batch_size`` rows).
+    read-out logits, R_max × batch × (Q + 1) × V per chunk (``eval.batch_size`` rows; Q + 2 with ``pending_id``).
+
+    With ``pending_id`` (trials trained with ``recipe.dense_targets`` and ``recipe.dense_pending``), the same forward
+    also reads the dense read-out at the *last operation's* position, and every rule is applied a second time to the
+    "pending" signal p = 1 − P(pending) there (softmax over the whole vocabulary): a position past iteration k's
+    frontier is trained on the pending class, so the last operation stops being pending when the model has computed
+    every operation. This is a par_ray signal, not the paper's halting read-out (§3 reads P(Yes) of the halting
+    query); at CPU scale it stops where the paper's read-out fires early (docs/experiments.md §14,
+    ``scripts/halt_signals.py``). The answers, R* and the oracle accuracy are shared by both signals.
 
     Args:
         model_fn, task, eval_cfg, rank, world_size, reduce_sum: as in :func:`accuracy_by_depth`.
         halt: ``par_ray.halting.HaltTokens`` of the trial.
+        pending_id: token id of the dense "pending" class (``par_ray.objectives.dense_pending_id``), or ``None``
+            (no pending signal: results and forward calls as without the argument).
     Returns:
         ``{d: {"halt_acc", "oracle_acc": full-state accuracy (fractions), "halt_iter": mean chosen R,
         "dR_mean", "dR_std": mean and population std over sequences of R − R*, "never_halted": fraction,
         "p_yes_k": [mean P(Yes) after iteration 1..R_max], "rules": {(k, n, tau): {"halt_acc", "halt_iter",
         "dR_mean", "dR_std", "never_halted"}} for each extra rule of eval.halt_rules (empty without)}}``; the
-        top-level rule quantities are the primary rule's (eval.halt_k, eval.halt_n, eval.halt_tau).
+        top-level rule quantities are the primary rule's (eval.halt_k, eval.halt_n, eval.halt_tau). With
+        ``pending_id`` each depth also has ``"pending": {(k, n, tau): stats}``, the same five statistics of the
+        pending signal for every rule of :func:`halting_rules`, the primary rule first.
     Raises:
         ValueError: a bad rule (:func:`halting_rules`).
     """
@@ -252,39 +265,57 @@ def halting_by_depth(
 
     rules = halting_rules(eval_cfg)
     R_max = halt_max_iterations(eval_cfg, ops_per_iteration)
+    X = len(rules)
     results: dict[int, dict] = {}
     for depth in eval_cfg.depths:
         ep = with_halt_query(task.sample(depth, eval_cfg.num_sequences, seed=eval_cfg.seed, step=0), halt.query)
         R_star = math.ceil(depth / ops_per_iteration)
         ids_BT = ep.input_ids[rank::world_size]
         answers_BQ = ep.states[rank::world_size, -1]
-        reads_Q = ep.read_positions.to(device)
+        q_halt = ep.read_positions.numel() - 1  # read rows: answers, the halting query[, the last operation]
+        reads_Q = ep.read_positions
+        if pending_id is not None:
+            reads_Q = torch.cat([reads_Q, ep.op_positions[-1:].to(reads_Q.dtype)])
+        reads_Q = reads_Q.to(device)
         n_chunks = math.ceil(math.ceil(eval_cfg.num_sequences / world_size) / eval_cfg.batch_size)
-        # per rule x: halt right, oracle right, never halted, Σ R, Σ (R - R*), Σ (R - R*)², sequences
-        counts_X7 = torch.zeros(len(rules), 7, dtype=torch.float64, device=device)
+        # per signal s (query[, pending]) and rule x: the counts of _rule_counts; one all-reduce for both signals
+        counts_SX7 = torch.zeros(1 + (pending_id is not None), X, 7, dtype=torch.float64, device=device)
         p_sum_R = torch.zeros(R_max, dtype=torch.float64, device=device)
         for ids, ans in zip(ids_BT.tensor_split(n_chunks), answers_BQ.tensor_split(n_chunks)):
             logits_RBQV = model_fn(ids.to(device), reads_Q, R_max, None, 1.0, "all").logits_KBQV
-            right_RB = (logits_RBQV[:, :, :-1].argmax(-1) == ans.to(device)).all(-1)
-            p_RB = p_yes(logits_RBQV[:, :, -1], halt)
-            R_XB, halted_XB = _k_of_n(p_RB, rules)
-            dR_XB = (R_XB - R_star).double()
-            X = len(rules)
-            counts_X7 += torch.stack([
-                right_RB.gather(0, R_XB - 1).sum(1).double(), right_RB[R_star - 1].sum().double().expand(X),
-                (~halted_XB).sum(1).double(), R_XB.sum(1).double(), dR_XB.sum(1), dR_XB.pow(2).sum(1),
-                torch.full((X,), float(ids.shape[0]), dtype=torch.float64, device=device)], dim=1)
+            right_RB = (logits_RBQV[:, :, :q_halt].argmax(-1) == ans.to(device)).all(-1)
+            p_RB = p_yes(logits_RBQV[:, :, q_halt], halt)
+            counts_SX7[0] += _rule_counts(right_RB, p_RB, rules, R_star)
+            if pending_id is not None:
+                done_RB = 1.0 - logits_RBQV[:, :, q_halt + 1].float().softmax(-1)[..., pending_id]
+                counts_SX7[1] += _rule_counts(right_RB, done_RB, rules, R_star)
             p_sum_R += p_RB.double().sum(1)
-        counts_X7, p_sum_R = reduce_sum(counts_X7), reduce_sum(p_sum_R)
-        n = counts_X7[0, 6].clamp_min(1)
-        per_rule = [_rule_stats(c, n) for c in counts_X7]
+        counts_SX7, p_sum_R = reduce_sum(counts_SX7), reduce_sum(p_sum_R)
+        n = counts_SX7[0, 0, 6].clamp_min(1)
+        per_rule = [_rule_stats(c, n) for c in counts_SX7[0]]
         results[depth] = {
             **per_rule[0],
-            "oracle_acc": (counts_X7[0, 1] / n).item(),
+            "oracle_acc": (counts_SX7[0, 0, 1] / n).item(),
             "p_yes_k": (p_sum_R / n).tolist(),
             "rules": dict(zip(rules[1:], per_rule[1:])),
         }
+        if pending_id is not None:
+            results[depth]["pending"] = dict(zip(rules, (_rule_stats(c, n) for c in counts_SX7[1])))
     return results
+
+
+def _rule_counts(right_RB: torch.Tensor, p_RB: torch.Tensor, rules: Sequence[tuple[int, int, float]],
+                 R_star: int) -> torch.Tensor:
+    """(X, 7) float64 counts of one chunk for each rule x applied to the stopping signal ``p_RB`` (R_max, B): halt
+    right, oracle right, never halted, Σ R, Σ (R − R*), Σ (R − R*)², sequences (``right_RB``: (R_max, B) whether the
+    answer after each iteration is right)."""
+    R_XB, halted_XB = _k_of_n(p_RB, rules)
+    dR_XB = (R_XB - R_star).double()
+    X, B = R_XB.shape
+    return torch.stack([
+        right_RB.gather(0, R_XB - 1).sum(1).double(), right_RB[R_star - 1].sum().double().expand(X),
+        (~halted_XB).sum(1).double(), R_XB.sum(1).double(), dR_XB.sum(1), dR_XB.pow(2).sum(1),
+        torch.full((X,), float(B), dtype=torch.float64, device=right_RB.device)], dim=1)
 
 
 def _rule_stats(counts_7: torch.Tensor, n: torch.Tensor) -> dict[str, float]:
@@ -309,18 +340,33 @@ def halting_metrics(results: Mapping[int, Mapping], ops_per_iteration: int) -> d
     each followed by ``_`` and :func:`rule_suffix`, e.g. ``halt_acc_d32_k4n8t0.3``, ``halt_gap_d32_k4n8t0.3``,
     ``never_halted_d32_k8n8t0.5``. Curve: ``halt_prob_k{K}``, mean P(Yes) after iteration K on the first
     (shallowest) test depth, for K = 1 … min(R_max, 2 ⌈d/c⌉).
+
+    Pending signal (results with ``"pending"``, i.e. :func:`halting_by_depth` given ``pending_id``; a par_ray signal,
+    not the paper's read-out, docs/experiments.md §14): every rule name above but ``oracle_acc`` (shared by both
+    signals) once more, with ``_pending`` appended after everything else: ``halt_acc_d{D}_pending``,
+    ``halt_gap_d{D}_pending`` (against the same ``oracle_acc_d{D}``), ``halt_iter_d{D}_pending``,
+    ``halt_dR_mean_d{D}_pending``, ``halt_dR_std_d{D}_pending``, ``never_halted_d{D}_pending`` for the primary rule,
+    ``halt_acc_d32_k4n8t0.3_pending`` and so on for each extra rule. Results without ``"pending"`` give none of
+    these names.
     """
     out: dict[str, float] = {}
     for d, v in results.items():
         out[f"oracle_acc_d{d}"] = v["oracle_acc"]
-        for rule, r in ((None, v), *v.get("rules", {}).items()):
-            tail = f"_d{d}" if rule is None else f"_d{d}_{rule_suffix(*rule)}"
-            out[f"halt_acc{tail}"] = r["halt_acc"]
-            out[f"halt_gap{tail}"] = 100.0 * (v["oracle_acc"] - r["halt_acc"])
-            out[f"halt_iter{tail}"] = r["halt_iter"]
-            out[f"halt_dR_mean{tail}"] = r["dR_mean"]
-            out[f"halt_dR_std{tail}"] = r["dR_std"]
-            out[f"never_halted{tail}"] = r["never_halted"]
+        extra = v.get("rules", {})
+        signals = [("", [(None, v), *extra.items()])]
+        if "pending" in v:
+            pending = v["pending"]
+            primary = next(iter(pending))  # halting_by_depth lists the primary rule first
+            signals.append(("_pending", [(None, pending[primary]), *((rule, pending[rule]) for rule in extra)]))
+        for signal, rows in signals:
+            for rule, r in rows:
+                tail = (f"_d{d}" if rule is None else f"_d{d}_{rule_suffix(*rule)}") + signal
+                out[f"halt_acc{tail}"] = r["halt_acc"]
+                out[f"halt_gap{tail}"] = 100.0 * (v["oracle_acc"] - r["halt_acc"])
+                out[f"halt_iter{tail}"] = r["halt_iter"]
+                out[f"halt_dR_mean{tail}"] = r["dR_mean"]
+                out[f"halt_dR_std{tail}"] = r["dR_std"]
+                out[f"never_halted{tail}"] = r["never_halted"]
     if results:
         first = min(results)
         curve = results[first]["p_yes_k"][: 2 * math.ceil(first / ops_per_iteration)]

@@ -104,6 +104,17 @@ def dense_class_offset(task, cfg) -> int:
     return model_vocab_size(task, cfg.backbone, uses_halting(cfg)) + extra_vocab(cfg.recipe, cfg.backbone)
 
 
+def dense_pending_id(task, cfg) -> int | None:
+    """Token id of the dense "pending" class for trial config ``cfg`` — ``dense_class_offset + task.num_states``,
+    the class after the dense state classes — or ``None`` unless ``cfg.recipe`` has both ``dense_targets`` and
+    ``dense_pending`` (the model vocabulary then has no such class). Halting evaluation reads 1 − P(pending) at the
+    last operation as a par_ray stopping signal (``par_ray.evaluation.halting_by_depth``; docs/experiments.md
+    §14)."""
+    if not (cfg.recipe.dense_targets and cfg.recipe.dense_pending):
+        return None
+    return dense_class_offset(task, cfg) + task.num_states
+
+
 def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progress_ids_BD: torch.Tensor,
                         ops_per_iteration: int, class_offset: int, pending_id: int | None = None,
                         given: int = 0) -> LossOutput:

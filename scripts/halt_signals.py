@@ -2,9 +2,11 @@
 
     python scripts/halt_signals.py RUN [RUN ...] --depths 6,12,24
 
-Two stopping signals, each put through the same k-of-n rules (``par_ray.evaluation.k_of_n_stops``) on the same test
-sets as ``par_ray.evaluation.halting_by_depth`` (``eval.seed``, step 0), R_max as it sets it for these depths
-(``par_ray.evaluation.halt_max_iterations``: 2 × ⌈largest depth / c⌉):
+Two stopping signals, each put through the same k-of-n rules (``par_ray.evaluation.k_of_n_stops``), read in one
+``par_ray.evaluation.halting_by_depth`` pass with ``pending_id`` (its test sets: ``eval.seed``, step 0; R_max as
+``par_ray.evaluation.halt_max_iterations`` sets it for these depths: 2 × ⌈largest depth / c⌉). A trial trained with
+``recipe.dense_pending`` logs the same two signals for its own rules (``halt_acc_d{D}``, ``halt_acc_d{D}_pending``,
+…: ``par_ray.evaluation.halting_metrics``); this script reads them for any depths and the rules below:
 
 - ``query``: P(Yes) of the halting query through the coda (paper §3, "Learned Halting"; what the trial's
   ``halt_acc_d{D}`` metrics report).
@@ -23,14 +25,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 
 import torch
 
-from par_ray.evaluation import halt_max_iterations, k_of_n_stops
-from par_ray.halting import halt_tokens, p_yes, with_halt_query
+from par_ray.evaluation import halting_by_depth
+from par_ray.halting import halt_tokens
 from par_ray.model import load_trained
-from par_ray.objectives import dense_class_offset
+from par_ray.objectives import dense_pending_id
 from par_ray.stages import uses_halting
 from par_ray.tasks import build_task
 
@@ -39,38 +40,34 @@ RULES = ((6, 8, 0.5), (1, 1, 0.5), (6, 8, 0.7))
 
 
 def signals(run: str, depths: list[int], n: int) -> list[dict]:
-    """Rows of the table for one trained run (see the module docstring)."""
+    """Rows of the table for one trained run (see the module docstring): one ``halting_by_depth`` pass with
+    ``pending_id``, the rules :data:`RULES` (the first as the primary rule), all ``n`` sequences in one chunk."""
     trained = load_trained(run)
     cfg, model = trained.config, trained.model
     if not uses_halting(cfg):
         raise ValueError(f"{run}: trained without recipe.halting, so it has no halting query to read")
-    if not (cfg.recipe.dense_targets and cfg.recipe.dense_pending):
-        raise ValueError(f"{run}: the pending signal needs recipe.dense_targets and recipe.dense_pending")
     task = build_task(cfg.task)
-    halt = halt_tokens(task, cfg.backbone)
-    pending_id = dense_class_offset(task, cfg) + task.num_states  # the class after the dense state classes
+    pending_id = dense_pending_id(task, cfg)  # the class after the dense state classes
+    if pending_id is None:
+        raise ValueError(f"{run}: the pending signal needs recipe.dense_targets and recipe.dense_pending")
     c = cfg.recipe.ops_per_iteration
-    R_max = halt_max_iterations(dataclasses.replace(cfg.eval, depths=tuple(depths), halt_max_iterations=0), c)
+    (k0, n0, tau0), *extra = RULES
+    # halt_max_iterations 0: R_max = 2 × ⌈largest of these depths / c⌉, whatever the trial evaluated with
+    eval_cfg = dataclasses.replace(cfg.eval, depths=tuple(depths), num_sequences=n, batch_size=n, halt_k=k0,
+                                   halt_n=n0, halt_tau=tau0, halt_rules=tuple(extra), halt_max_iterations=0)
+    res = halting_by_depth(model, task, eval_cfg, c, halt_tokens(task, cfg.backbone), torch.device("cpu"),
+                           pending_id=pending_id)
     rows = []
-    with torch.no_grad():
-        for d in depths:
-            ep = with_halt_query(task.sample(d, n, seed=cfg.eval.seed, step=0), halt.query)
-            reads_Q = torch.cat([ep.read_positions, ep.op_positions[-1:]])  # answers, halting query, last op
-            logits_RBQV = model.iterate(ep.input_ids, reads_Q, R_max, read="all").logits_KBQV
-            right_RB = (logits_RBQV[:, :, :-2].argmax(-1) == ep.states[:, -1]).all(-1)
-            R_star = math.ceil(d / c)
-            oracle = right_RB[R_star - 1].float().mean().item()
-            p = {"query": p_yes(logits_RBQV[:, :, -2], halt),
-                 "pending": 1.0 - logits_RBQV[:, :, -1].float().softmax(-1)[..., pending_id]}
-            for signal, p_RB in p.items():
-                R_XB, halted_XB = k_of_n_stops(p_RB, RULES)
-                for (k, nn, tau), R_B, halted_B in zip(RULES, R_XB, halted_XB):
-                    acc = right_RB.gather(0, (R_B - 1)[None])[0].float().mean().item()
-                    rows.append({"run": run, "step": trained.step, "seed": cfg.train.seed, "signal": signal,
-                                 "rule": f"{k} of {nn}, τ {tau}", "depth": d, "halt_acc": 100 * acc,
-                                 "oracle_acc": 100 * oracle, "gap": 100 * (oracle - acc),
-                                 "dR_mean": (R_B - R_star).double().mean().item(),
-                                 "never_halted": 100 * (~halted_B).double().mean().item()})
+    for d in depths:
+        v = res[d]
+        by_signal = {"query": {RULES[0]: v, **v["rules"]}, "pending": v["pending"]}
+        for signal, by_rule in by_signal.items():
+            for k, nn, tau in RULES:
+                r = by_rule[(k, nn, tau)]
+                rows.append({"run": run, "step": trained.step, "seed": cfg.train.seed, "signal": signal,
+                             "rule": f"{k} of {nn}, τ {tau}", "depth": d, "halt_acc": 100 * r["halt_acc"],
+                             "oracle_acc": 100 * v["oracle_acc"], "gap": 100 * (v["oracle_acc"] - r["halt_acc"]),
+                             "dR_mean": r["dR_mean"], "never_halted": 100 * r["never_halted"]})
     return rows
 
 

@@ -187,3 +187,62 @@ def test_halting_rule_labels_survive_an_mlflow_style_string_round_trip_of_tau():
 def test_every_depth_metric_kind_is_read_into_the_long_frame(kind):
     frames = load.frames_from_trials(load.trials_frame([_record(0, "par", "swap_s5", 0, 4, {f"{kind}_d16": 0.25})]))
     assert _row(frames.acc, depth=16)[kind] == 0.25
+
+
+def _pending_metrics(d: int, seed: int) -> dict:
+    """The last operation's pending signal for the rules of :func:`_two_rule_metrics`, named as
+    ``par_ray.evaluation.halting_metrics`` names them (``_pending`` last): it stops at ⌈d/c⌉ under the primary rule."""
+    out = {}
+    for tail, halt, never, dR in (("", 0.85 - 0.1 * seed, 0.0, 0.0), ("_k4n8t0.5", 0.7, 0.05, -0.5),
+                                  ("_k6n8t0.3", 0.6, 0.0, -1.0)):
+        t = f"_d{d}{tail}_pending"
+        out |= {f"halt_acc{t}": halt, f"halt_gap{t}": 100 * (0.9 - halt), f"halt_iter{t}": d + dR,
+                f"never_halted{t}": never, f"halt_dR_mean{t}": dR, f"halt_dR_std{t}": 0.1}
+    return out
+
+
+def test_halting_table_shows_the_pending_signal_as_more_rows_only_when_logged():
+    records = _two_rule_records()
+    for r in records:
+        r["metrics"] |= _pending_metrics(8, int(r["params"]["train.seed"])) | _pending_metrics(
+            32, int(r["params"]["train.seed"]))
+    frames = load.frames_from_trials(load.trials_frame(records))
+    assert frames.acc.columns == [*load._ID_COLUMNS, "depth", *load.DEPTH_KINDS]
+    assert frames.acc.height == 2 * len(SWAP) and frames.acc.get_column("halt_acc").drop_nulls().len() == 4
+    h = frames.halting
+    assert h.height == 2 * 2 * 3 * 2  # runs × signals × rules × depths
+    assert h.filter(run_id="r0").get_column("signal").to_list() == ["query"] * 6 + ["pending"] * 6
+    pend = _row(h, run_id="r1", signal="pending", rule="6 of 8, τ 0.5", depth=8)
+    assert pend["primary"] and pend["halt_acc"] == pytest.approx(0.75) and pend["oracle_acc"] == 0.9
+    loose = _row(h, run_id="r0", signal="pending", rule="4 of 8, τ 0.5", depth=32)
+    assert not loose["primary"] and (loose["halt_k"], loose["halt_n"], loose["halt_tau"]) == (4, 8, 0.5)
+    assert (loose["halt_acc"], loose["never_halted"], loose["halt_dR_mean"], loose["oracle_acc"]) == (
+        0.7, 0.05, -0.5, 0.9)
+    assert _row(h, run_id="r0", signal="query", rule="6 of 8, τ 0.5", depth=8)["halt_acc"] == 0.8  # unchanged
+
+    summary = _summary(records)
+    g = _row(summary.halting, signal="pending", rule="6 of 8, τ 0.5", depth=32)
+    assert (g["n"], g["halt_mean"], g["gap_mean"]) == (2, pytest.approx(0.8), pytest.approx(0.1))
+    t = tables.halting_results(summary)
+    assert t.frame.columns == ["recipe", "backbone", "signal", "rule", "test depth", "halting (%)", "oracle (%)",
+                               "oracle − halting (pts)", "iterations", "never halted (%)", "R − ⌈d/c⌉",
+                               "spread of R"]
+    by_rule = [("4 of 8, τ 0.5", "8 (2×)"), ("4 of 8, τ 0.5", "32 (8×)"), ("6 of 8, τ 0.3", "8 (2×)"),
+               ("6 of 8, τ 0.3", "32 (8×)"), ("6 of 8, τ 0.5", "8 (2×)"), ("6 of 8, τ 0.5", "32 (8×)")]
+    assert t.frame.select("signal", "rule", "test depth").rows() == (
+        [("query", *r) for r in by_rule] + [("pending", *r) for r in by_rule])
+    paper = _row(t.frame, signal="pending", rule="6 of 8, τ 0.5", **{"test depth": "32 (8×)"})
+    assert (paper["halting (%)"], paper["oracle (%)"], paper["oracle − halting (pts)"]) == (
+        "80.0 ± 7.1 (2)", "90.0 ± 0.0 (2)", "10.0 ± 7.1 (2)")
+    assert (paper["iterations"], paper["never halted (%)"], paper["R − ⌈d/c⌉"], paper["spread of R"]) == (
+        "32.0", "0.0 ± 0.0 (2)", "0.0 ± 0.0 (2)", "0.1")
+    query = _row(t.frame, signal="query", rule="6 of 8, τ 0.5", **{"test depth": "32 (8×)"})
+    assert query["halting (%)"] == "75.0 ± 7.1 (2)"  # as in the table without the pending signal
+    assert any("pending" in n and "§14" in n for n in t.notes)
+
+    # without pending metrics: no signal column, no pending note, every row the query signal's
+    plain_summary = _summary(_two_rule_records())
+    assert set(plain_summary.halting.get_column("signal")) == {"query"}
+    plain = tables.halting_results(plain_summary)
+    assert "signal" not in plain.frame.columns and not any("pending" in n for n in plain.notes)
+    assert plain.frame.rows() == t.frame.filter(signal="query").drop("signal").rows()

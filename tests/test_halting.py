@@ -292,6 +292,140 @@ def test_extra_rules_from_one_pass_equal_each_rule_run_as_the_primary():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# the last operation's pending signal (recipe.dense_pending; a par_ray signal, docs/experiments.md §14)
+
+
+PENDING_RULES = ((1, 1, 0.5), (8, 8, 0.5))
+
+
+def _scripted_pending():
+    """:func:`_scripted_halting` plus a scripted dense read-out at the last operation, read when the evaluation asks
+    for it (a seventh read position). Row b's pending logit is 20 · (d + s_b − k) + 10 after iteration k, every other
+    logit 0, s_b = (first operation token mod 3) − 2 ∈ {−2, −1, 0}: 1 − P(pending) > 0.5 exactly from iteration
+    d + s_b + 1 on (P(pending) > 0.99 before, < 1e-6 after). Every logit tensor returned is kept in ``seen``."""
+    task, tok, cfg, tests, halting_fn = _scripted_halting()
+    offset = task.vocab_size + 3  # dense_class_offset of a random-init halting trial
+    pending_id = offset + task.num_states
+    V = pending_id + 1
+    seen = []
+
+    def model_fn(ids, reads, R, window, stretch, read):
+        d = ids.shape[1] - 2 - 5 - 1
+        out = halting_fn(ids, reads[:6], R, window, stretch, read)
+        logits = torch.zeros(R, ids.shape[0], len(reads), V)
+        logits[:, :, :6, : out.logits_KBQV.shape[-1]] = out.logits_KBQV
+        if len(reads) == 7:
+            assert reads[-1] == tests[d].op_positions[-1] == d  # the last operation
+            shift = ids[:, 1] % 3 - 2
+            k = torch.arange(1, R + 1)[:, None]
+            logits[:, :, 6, pending_id] = 20.0 * (d + shift[None] - k) + 10.0
+        seen.append(logits)
+        return LoopedOutput(logits, list(range(1, R + 1)), torch.ones(R))
+
+    return task, tok, dataclasses.replace(cfg, halt_rules=PENDING_RULES), tests, model_fn, pending_id, seen
+
+
+def test_pending_signal_is_the_k_of_n_rule_on_one_minus_p_pending_from_the_same_pass():
+    task, tok, cfg, tests, model_fn, pending_id, seen = _scripted_pending()
+    cpu = torch.device("cpu")
+    res = halting_by_depth(model_fn, task, cfg, 1, tok, cpu, pending_id=pending_id)
+    calls_with = len(seen)
+    seen.clear()
+    plain = halting_by_depth(model_fn, task, cfg, 1, tok, cpu)
+    assert len(seen) == calls_with == len(cfg.depths) * 3  # the pending signal costs no forward call
+    assert all("pending" not in plain[d] for d in cfg.depths)
+    # the query signal's numbers are unchanged by reading the last operation too
+    assert all({k: v for k, v in res[d].items() if k != "pending"} == plain[d] for d in cfg.depths)
+
+    rules = [(6, 8, 0.5), *PENDING_RULES]  # primary first
+    seen.clear()
+    res = halting_by_depth(model_fn, task, cfg, 1, tok, cpu, pending_id=pending_id)
+    chunks = iter(seen)
+    for d in cfg.depths:
+        assert list(res[d]["pending"]) == rules
+        logits_RBQV = torch.cat([next(chunks) for _ in range(3)], dim=1)  # this depth's three chunks
+        right_RB = (logits_RBQV[:, :, :5].argmax(-1) == tests[d].states[:, -1]).all(-1)
+        p_RB = 1.0 - logits_RBQV[:, :, 6].softmax(-1)[..., pending_id]
+        R_XB, halted_XB = k_of_n_stops(p_RB, rules)
+        for rule, R_B, halted_B in zip(rules, R_XB, halted_XB):
+            dR_B = (R_B - d).double()
+            want = {"halt_acc": right_RB.gather(0, (R_B - 1)[None])[0].double().mean().item(),
+                    "never_halted": (~halted_B).double().mean().item(), "halt_iter": R_B.double().mean().item(),
+                    "dR_mean": dR_B.mean().item(), "dR_std": dR_B.std(unbiased=False).item()}
+            assert res[d]["pending"][rule] == pytest.approx(want, abs=1e-9), (d, rule)
+        # by hand: every rule stops at d + s + 1 (the signal never falls back); rows with s = -2 stop at d - 1, before
+        # the answer is right (from iteration d on)
+        shift = (tests[d].input_ids[:, 1] % 3 - 2).double()
+        for rule in rules:
+            r = res[d]["pending"][rule]
+            assert r["never_halted"] == 0.0 and r["dR_mean"] == pytest.approx((shift + 1).mean().item())
+            assert r["halt_acc"] == pytest.approx((shift > -2).double().mean().item())
+
+    # rank 0 then rank 1 on half the rows: one all-reduce carries both signals
+    sent = []
+    halting_by_depth(model_fn, task, cfg, 1, tok, cpu, rank=0, world_size=2, pending_id=pending_id,
+                     reduce_sum=lambda t: sent.append(t.clone()) or t)
+    merged = halting_by_depth(model_fn, task, cfg, 1, tok, cpu, rank=1, world_size=2, pending_id=pending_id,
+                              reduce_sum=lambda t: t + sent.pop(0))
+    for d in cfg.depths:
+        for rule in rules:
+            assert merged[d]["pending"][rule] == pytest.approx(res[d]["pending"][rule])
+
+
+def test_pending_metric_names_only_with_the_pending_signal():
+    task, tok, cfg, tests, model_fn, pending_id, _ = _scripted_pending()
+    res = halting_by_depth(model_fn, task, cfg, 1, tok, torch.device("cpu"), pending_id=pending_id)
+    m = halting_metrics(res, 1)
+    kinds = ("halt_acc", "halt_gap", "halt_iter", "halt_dR_mean", "halt_dR_std", "never_halted")
+    for d in cfg.depths:
+        for kind in kinds:
+            assert f"{kind}_d{d}_pending" in m  # the primary rule
+            assert {f"{kind}_d{d}_{rule_suffix(*rule)}_pending" for rule in PENDING_RULES} <= set(m)
+        p = res[d]["pending"]
+        assert m[f"halt_acc_d{d}_pending"] == p[(6, 8, 0.5)]["halt_acc"]
+        assert m[f"halt_dR_mean_d{d}_k8n8t0.5_pending"] == p[(8, 8, 0.5)]["dR_mean"]
+        assert m[f"halt_gap_d{d}_k1n1t0.5_pending"] == pytest.approx(
+            100.0 * (res[d]["oracle_acc"] - p[(1, 1, 0.5)]["halt_acc"]))
+        assert m[f"halt_acc_d{d}"] == res[d]["halt_acc"]  # the query signal's names and values stay
+    assert not any(name.startswith("oracle_acc") and name.endswith("_pending") for name in m)
+    pending_names = {name for name in m if name.endswith("_pending")}
+    assert len(pending_names) == len(cfg.depths) * len(kinds) * (1 + len(PENDING_RULES))
+    assert all(re.match(r"^[A-Za-z0-9_\-. /]+$", name) for name in m)
+    plain = halting_metrics(halting_by_depth(model_fn, task, cfg, 1, tok, torch.device("cpu")), 1)
+    assert set(m) - pending_names == set(plain) and not any("pending" in name for name in plain)
+
+
+@pytest.mark.parametrize("dense_pending", [True, False])
+def test_the_loops_evaluation_logs_the_pending_signal_only_with_dense_pending(dense_pending):
+    from par_ray import presets
+    from par_ray.config import with_overrides
+    from par_ray.halting import halt_tokens
+    from par_ray.objectives import dense_class_offset, dense_classes, dense_pending_id
+    from par_ray.train.loop import eval_metrics
+
+    cfg = with_overrides(presets.local_trial(), task=dict(train_depth=3),
+                         recipe=dict(halting=True, dense_targets=True, dense_pending=dense_pending, grad_window=2),
+                         train=dict(steps=2, batch_size=4, warmup_steps=1),
+                         eval=dict(depths=(3,), num_sequences=4, batch_size=4)).validate()
+    task = get_task("swap_s5")
+    assert (dense_pending_id(task, cfg) is not None) == dense_pending
+    if dense_pending:
+        assert dense_pending_id(task, cfg) == dense_class_offset(task, cfg) + task.num_states
+    torch.manual_seed(0)
+    model = build_looped(cfg.backbone, cfg.recipe,
+                         vocab_size=dense_class_offset(task, cfg) + dense_classes(task, cfg.recipe))
+    engine = prepare(model, cfg.train, World())
+    m = eval_metrics(engine, task, cfg, halt=halt_tokens(task, cfg.backbone))
+    assert {"halt_acc_d3", "oracle_acc_d3", "never_halted_d3"} <= set(m)
+    if dense_pending:
+        kinds = ("halt_acc", "halt_gap", "halt_iter", "halt_dR_mean", "halt_dR_std", "never_halted")
+        assert {f"{kind}_d3_pending" for kind in kinds} <= set(m)
+        assert 0.0 <= m["halt_acc_d3_pending"] <= 1.0 and 0.0 <= m["never_halted_d3_pending"] <= 1.0
+    else:
+        assert not any("pending" in name for name in m)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # a training step with halting, and frozen parts
 
 

@@ -39,7 +39,7 @@ from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens
 from par_ray.distill import uses_ema
 from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics
 from par_ray.halting import halt_tokens
-from par_ray.objectives import dense_class_offset, dense_classes, par_loss
+from par_ray.objectives import dense_class_offset, dense_classes, dense_pending_id, par_loss
 from par_ray.schedules import iterations_at, plan_step
 from par_ray.tasks import build_task
 from par_ray.schedules import stretch_cap
@@ -143,7 +143,10 @@ def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict
     generated tokens per sequence (``par_ray.cot``).
 
     ``recipe``: the current stage's recipe (default ``cfg.recipe``); when it trains halting (and ``halt`` holds the
-    halting tokens), also the halting-vs-oracle metrics of :func:`par_ray.evaluation.halting_metrics`.
+    halting tokens), also the halting-vs-oracle metrics of :func:`par_ray.evaluation.halting_metrics`, and, for a
+    model trained with ``recipe.dense_targets`` and ``recipe.dense_pending`` (``cfg.recipe``: the vocabulary's
+    pending class), those of the last operation's pending signal, ``halt_acc_d{D}_pending`` and the rest (a par_ray
+    signal, not the paper's read-out; docs/experiments.md §14).
     """
     world = engine.world
     recipe = recipe or cfg.recipe
@@ -165,7 +168,7 @@ def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict
             out[f"cot_tokens_d{d}"] = v["tokens"]
     if recipe.halting and halt is not None:
         res = halting_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, halt, engine.device,
-                               world.rank, world.size, engine.all_reduce_sum)
+                               world.rank, world.size, engine.all_reduce_sum, pending_id=dense_pending_id(task, cfg))
         out.update(halting_metrics(res, recipe.ops_per_iteration))
     out.update(probe_metrics(engine, CotTask(task, tokens) if cfg.recipe.cot else task, cfg))
     return out
