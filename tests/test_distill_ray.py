@@ -48,5 +48,7 @@ def test_two_fsdp_workers_match_single_process(reference, tmp_path):
         assert got[s]["loss"] == pytest.approx(want[s]["loss"], abs=LOSS_ATOL), s
     final_want = reference[-1]
     keys = sorted(k for k in final_want if k not in TIMING)
-    for k in keys:
-        assert math.isclose(result.metrics[k], final_want[k], abs_tol=LOSS_ATOL), f"{k}: {result.metrics[k]}"
+    for k in keys:  # rms_k* are state norms of ~15, not O(1) losses: the same 1e-4 taken relative to their size (the
+        # sharded sums' order moves them by ~3e-5 relative on an AVX-512 Xeon, 4e-4 absolute); losses keep abs 1e-4
+        assert math.isclose(result.metrics[k], final_want[k], rel_tol=LOSS_ATOL, abs_tol=LOSS_ATOL), \
+            f"{k}: {result.metrics[k]} vs {final_want[k]}"
