@@ -40,6 +40,7 @@ import json
 import math
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -468,6 +469,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--storage: no MLflow store at {backend}")
     artifacts = args.artifacts or str(storage / "mlartifacts")
     print(f"starting mlflow server over {backend} (one worker, no job runner) ...", flush=True)
+    # kill / timeout / a closed terminal stop the server too: the server runs in its own session (so a Ctrl-C reaches
+    # only this process), and SystemExit unwinds local_server's cleanup as KeyboardInterrupt does
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
     with local_server(backend, artifacts, port=args.port) as url:
         from mlflow.tracking import MlflowClient
 

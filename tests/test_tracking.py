@@ -169,3 +169,36 @@ def test_ui_command_refuses_a_missing_store(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         tracking.main(["ui", "--storage", str(tmp_path / "nothing")])
     assert e.value.code == 2 and "--storage: no MLflow store" in capsys.readouterr().err
+
+
+def test_ui_command_stops_its_server_on_sigterm(tmp_path):
+    """`kill`, `timeout` or a closed terminal (SIGTERM, SIGHUP) must not orphan the mlflow server the command starts
+    in its own session (a fresh-user report: the server kept serving after the wrapper was killed)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import mlflow
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.MlflowClient(store).create_experiment("par_ray/x", artifact_location=str(tmp_path / "mlartifacts"))
+    port = tracking.free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "par_ray.tracking", "ui", "--storage", str(tmp_path),
+                             "--port", str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if "Ctrl-C to stop" in line:
+                break
+        else:
+            pytest.fail(f"ui exited early with {proc.wait()}")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        time.sleep(1)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
