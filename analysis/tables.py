@@ -282,8 +282,6 @@ def halting_results(summary: Summary) -> Table | None:
     h = summary.halting
     if h.is_empty():
         return None
-    if "signal" not in h.columns:
-        h = h.with_columns(pl.lit("query", pl.String).alias("signal"))
     rows = h.select(
         *GROUP,
         "signal", "rule", "halt_k", "halt_n", "halt_tau",
