@@ -23,6 +23,7 @@ Tensor suffixes: B batch, T tokens, Q queries, d depth.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -78,8 +79,7 @@ def with_halt_query(ep: Episode, query_id: int) -> Episode:
     B, T = ep.input_ids.shape
     ids = torch.cat([ep.input_ids, torch.full((B, 1), query_id, dtype=ep.input_ids.dtype)], dim=1)
     reads = torch.cat([ep.read_positions, torch.tensor([T], dtype=ep.read_positions.dtype)])
-    return Episode(input_ids=ids, read_positions=reads, states=ep.states, depth=ep.depth,
-                   op_positions=ep.op_positions, progress_ids=ep.progress_ids)
+    return dataclasses.replace(ep, input_ids=ids, read_positions=reads)  # every other field (given!) kept
 
 
 def p_yes(halt_logits_KBV: torch.Tensor, tokens: HaltTokens) -> torch.Tensor:

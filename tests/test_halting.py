@@ -16,7 +16,7 @@ from par_ray.halting import (HaltTokens, model_vocab_size, p_yes, task_halt_toke
 from par_ray.model.looped import LoopedOutput, build_looped
 from par_ray.objectives import halting_class_weights, halting_loss, halting_targets, par_loss
 from par_ray.stages import frozen_parameters
-from par_ray.tasks import get_task
+from par_ray.tasks import build_task, get_task
 from par_ray.train.step import train_step
 from par_ray.train.strategies import World, prepare
 
@@ -181,6 +181,19 @@ def test_halt_query_is_appended_and_leaves_answers_unchanged():
     p = p_yes(with_q[:, :, -1], tok)
     assert p.shape == (4, 3) and ((0 < p) & (p < 1)).all()
     assert torch.allclose(p, torch.softmax(yes_no_logits(with_q[:, :, -1], tok), -1)[..., 1])
+
+
+
+def test_halt_query_keeps_every_other_episode_field():
+    # A given-prefix training batch (task.given_prefix): the appended query must not drop ``given`` (it once did, so
+    # halting steps trained a prompt of d + m operations against the targets of d, docs/experiments.md §17).
+    task = build_task(TaskConfig(given_prefix=5), train=True)
+    ep = next(e for e in (task.sample(3, 2, seed=0, step=s) for s in range(50)) if e.given > 0)
+    hep = with_halt_query(ep, task_halt_tokens(task.vocab_size).query)
+    for f in dataclasses.fields(ep):
+        if f.name not in ("input_ids", "read_positions"):
+            a, b = getattr(ep, f.name), getattr(hep, f.name)
+            assert (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b), f.name
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -460,6 +473,33 @@ def test_step_loss_is_par_plus_half_balanced_halting():
     assert res.halt_loss == pytest.approx(halt.item(), rel=1e-5) and 0.0 <= res.halt_accuracy <= 1.0
     with pytest.raises(ValueError, match="recipe.halting"):
         train_step(engine, task, TASK, HALT, 0, 1, 4)
+
+
+
+def test_halting_step_on_a_given_prefix_trains_the_answers_as_without_halting():
+    # The halting query is appended after the prompt, so (causal) the answer, dense and fixed-point losses of a
+    # given-prefix step are those of the same step without halting; the joint loss adds halt_weight × halting.
+    task_cfg = TaskConfig(train_depth=3, given_prefix=4)
+    task = build_task(task_cfg, train=True)
+    plain = RecipeConfig(grad_window=3, max_iterations=12, depth_schedule="forced", extra_iterations=2,
+                         dense_targets=True, dense_pending=True, fixed_point_weight=1.0, targets="done")
+    halting = dataclasses.replace(plain, halting=True)
+    from par_ray.schedules import plan_step
+
+    # m is drawn per (depth, step): a step whose batch has operations given
+    step = next(s for s in range(50) if task.sample(plan_step(task_cfg, plain, 0, s).depth, 2, seed=0, step=s).given)
+    offset = task.vocab_size + 3  # dense state class 0 after the halting tokens
+    losses = {}
+    for name, recipe in (("plain", plain), ("halting", halting)):
+        torch.manual_seed(0)
+        model = build_looped(BackboneConfig(), recipe, vocab_size=offset + task.num_states + 1)
+        res = train_step(prepare(model, TRAIN, World()), task, task_cfg, recipe, 0, step, 4,
+                         halt=task_halt_tokens(task.vocab_size) if recipe.halting else None, dense_offset=offset)
+        losses[name] = res
+    assert losses["halting"].plan == losses["plain"].plan and losses["plain"].plan.depth >= 1
+    without_halt = losses["halting"].loss - halting.halt_weight * losses["halting"].halt_loss
+    assert without_halt == pytest.approx(losses["plain"].loss, rel=1e-5)
+    assert losses["halting"].accuracy == losses["plain"].accuracy
 
 
 def test_frozen_parameters_do_not_move():
