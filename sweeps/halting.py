@@ -11,21 +11,17 @@ read from that pass. One trial per (recipe, seed) therefore evaluates the paper'
 row per rule (``analysis``).
 
 Both presets evaluate every rule of :data:`PAPER_RULES` (the paper's, looser and stricter k of n, τ 0.3 and 0.7).
-Presets: ``paper`` — Qwen2.5-0.5B, both arms as the paper trains them × 3 seeds (6 trials). ``local`` — tiny-qwen2
-on experiment 9's recipe (:data:`LOCAL_RECIPE`, the one that learns swap_s5 at this scale), 2,400 steps, with the two
-arms adapted to what it showed (docs/experiments.md §14): ``par_halt_posthoc_long`` (a halting stage of 25 % of the
-steps) × 3 seeds and ``par_halt_light`` (joint, halting weight 0.1) on seed 0 — 4 trials, about an hour on 2 cores.
+Presets: ``paper`` — Qwen2.5-0.5B, both arms as the paper trains them × 3 seeds (6 trials). ``local`` — the same two
+arms × 3 seeds on tiny-qwen2 with experiment 9's recipe (:data:`LOCAL_RECIPE`, the one that learns swap_s5 at this
+scale), 2,400 steps — 6 trials, about 45 minutes on 2 cores (docs/experiments.md §17).
 
-    python sweeps/halting.py                               # local: 4 trials
+    python sweeps/halting.py                               # local: 6 trials
     python sweeps/halting.py --dry-run --preset paper      # the trial plan with the planner's memory per GPU
     python sweeps/halting.py --smoke-test --seeds 0
 """
 
-import dataclasses
 import sys
 
-from par_ray.config import with_overrides
-from par_ray.recipes import par_halt, par_halt_posthoc
 from par_ray.sweep import SweepSpec, main
 
 PAPER_RULE = (6, 8, 0.5)
@@ -49,36 +45,12 @@ LOCAL_RECIPE = {
 (6 … 48, R_max 96), where experiment 9 measured this recipe at 0.97 / 0.47 / 0.004 / 0.004 with oracle stopping.
 (Experiment 14 ran it with tests 6/12/24 only, R_max 48.)"""
 
-LOCAL_HALT_WEIGHT = 0.1
-"""Joint arm of the local preset: the halting loss weight. At the paper's 0.5 this recipe did not learn swap_s5 at
-all in 2,000 steps (experiments §9 s8 and §14: 0 % at d_train), the halting loss dominating the early gradient."""
-LOCAL_POSTHOC_SHARE = 0.25
-"""Post-hoc arm of the local preset: the halting stage's share of the steps. With the paper's short stage (10 %,
-200 steps at the tail of the LR schedule) the read-out learned a clock, "Yes from iteration 4–5" whatever the depth
-(experiments §14)."""
-
-
-def par_halt_light(cfg):
-    """``par_halt`` with halting loss weight :data:`LOCAL_HALT_WEIGHT` instead of 0.5 (joint arm, local preset)."""
-    return with_overrides(par_halt(cfg), recipe=dict(name="par_halt_light", halt_weight=LOCAL_HALT_WEIGHT))
-
-
-def par_halt_posthoc_long(cfg):
-    """``par_halt_posthoc`` with a halting stage of :data:`LOCAL_POSTHOC_SHARE` of the steps (post-hoc arm, local)."""
-    cfg = with_overrides(par_halt_posthoc(cfg), recipe=dict(name="par_halt_posthoc_long"))
-    first, halt = cfg.stages
-    return dataclasses.replace(cfg, stages=(first, dataclasses.replace(halt, share=LOCAL_POSTHOC_SHARE)))
-
 SPEC = SweepSpec(
     name="halting",
     description=__doc__.splitlines()[0],
-    recipes=("par_halt", "par_halt_posthoc", "par_halt_light", "par_halt_posthoc_long"),
-    extra_recipes={"par_halt_light": par_halt_light, "par_halt_posthoc_long": par_halt_posthoc_long},
-    # paper: both arms as the paper trains them × seeds; local: the post-hoc arm with a longer stage × 3 seeds, and
-    # the lighter joint arm on seed 0 (what fits ~1 h on 2 cores)
-    cells={"paper": tuple({"recipe": r} for r in ("par_halt", "par_halt_posthoc")),
-           "local": tuple({"recipe": "par_halt_posthoc_long", "train.seed": s} for s in (0, 1, 2))
-           + ({"recipe": "par_halt_light", "train.seed": 0},)},
+    recipes=("par_halt", "par_halt_posthoc"),
+    # both presets: the two arms as the paper trains them (joint, weight 0.5; post-hoc, last 10 % of the steps) × seeds
+    cells=tuple({"recipe": r} for r in ("par_halt", "par_halt_posthoc")),
     tasks=("swap_s5",),
     backbones={"local": ("tiny-qwen2",), "paper": ("qwen2.5-0.5b",)},
     seeds=(0, 1, 2),
