@@ -183,8 +183,7 @@ class RecentFirst(Task):
         if ep.op_positions is not None:  # operation k keeps its offset o inside its block, the block moves to d-1-b
             block, offset = (ep.op_positions - 1) // w, (ep.op_positions - 1) % w
             op_positions = 1 + (depth - 1 - block) * w + offset
-        return Episode(input_ids=ids, read_positions=ep.read_positions, states=ep.states, depth=ep.depth,
-                       op_positions=op_positions, progress_ids=ep.progress_ids)
+        return dataclasses.replace(ep, input_ids=ids, op_positions=op_positions)
 
 
 class Filler(Task):
@@ -219,8 +218,7 @@ class Filler(Task):
         sep_at = depth * self.op_width + 1
         sep = ep.input_ids[:, sep_at : sep_at + 1]
         ids = torch.cat([ep.input_ids[:, : sep_at + 1], sep.expand(-1, f), ep.input_ids[:, sep_at + 1 :]], dim=1)
-        return Episode(input_ids=ids, read_positions=ep.read_positions + f, states=ep.states, depth=ep.depth,
-                       op_positions=ep.op_positions, progress_ids=ep.progress_ids)
+        return dataclasses.replace(ep, input_ids=ids, read_positions=ep.read_positions + f)
 
 
 class GivenPrefix(Task):
