@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(result['figures'])} figures to {result['out_dir']}")
     if result["parent_run_id"]:
         print(f"logged to run {result['parent_run_id']} under artifacts/analysis/")
+    elif args.no_log:
+        print("not logged to MLflow (--no-log)")
     else:
         print("no sweep run found: outputs not logged to MLflow")
     return 0

@@ -7,7 +7,8 @@
 - figures: ``accuracy_<task>_<backbone>.png``, ``G_<task>.png``, ``rms_<task>.png``, ``halt_prob_<task>.png``
   (:mod:`analysis.plots`);
 - data: ``trials.csv`` (every trial, all statuses), ``accuracy.csv``, ``per_seed.csv`` (d50, G, censored),
-  ``G.csv``, ``halting.csv``, ``iterations.csv``; ``summary.md`` gathers the tables and the warnings.
+  ``G.csv``, ``halting.csv``, ``iterations.csv`` (each only when it has rows; ``trials.csv`` always);
+  ``summary.md`` gathers the tables and the warnings.
 
 Every file is then logged as an artifact of the parent run, under ``analysis/``. The parent run is the one given,
 or else the experiment's sweep run (tag ``par_ray.role = "sweep"``; the newest when there are several).
@@ -97,7 +98,8 @@ def analyze(experiment: str, parent_run_id: str | None = None, tracking_uri: str
 
 
 def _write_data(frames: load.SweepFrames, summary: aggregate.Summary, out: Path) -> list[Path]:
-    """The frames behind the tables as CSV (timestamps as ISO strings)."""
+    """The frames behind the tables as CSV (timestamps as ISO strings); an empty frame (no halting trials, say) writes
+    no file, ``trials`` excepted."""
     items = {
         "trials": frames.trials.with_columns(pl.col(pl.Datetime).dt.to_string("%Y-%m-%dT%H:%M:%S%.3fZ")),
         "accuracy": summary.accuracy,
@@ -108,6 +110,8 @@ def _write_data(frames: load.SweepFrames, summary: aggregate.Summary, out: Path)
     }
     paths = []
     for name, frame in items.items():
+        if frame.height == 0 and name != "trials":
+            continue
         path = out / f"{name}.csv"
         frame.write_csv(path)
         paths.append(path)

@@ -350,6 +350,23 @@ def test_cli_end_to_end_logs_to_parent(store, tmp_path, capsys):
     assert logged == {p.name for p in out.iterdir()}
 
 
+def test_no_log_says_so_and_empty_data_frames_write_no_file(store, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from analysis.report import _write_data
+
+    assert main(["--experiment", EXPERIMENT, "--tracking-uri", store["uri"], "--out", str(tmp_path / "a"),
+                 "--no-log"]) == 0
+    assert "not logged to MLflow (--no-log)" in capsys.readouterr().out
+    full = analyze(EXPERIMENT, store["parent"], store["uri"], tmp_path / "b", log_artifacts=False, n_boot=20)
+    summary = full["summary"]
+    no_halting = SimpleNamespace(**{k: getattr(summary, k) for k in ("accuracy", "per_seed", "G", "iterations")},
+                                 halting=summary.halting.clear())
+    names = {p.name for p in _write_data(full["frames"], no_halting, tmp_path)}
+    assert "halting.csv" not in names and {"trials.csv", "accuracy.csv"} <= names
+    assert not (tmp_path / "halting.csv").exists()
+
+
 def test_analyze_with_parent_run(store, tmp_path):
     result = analyze(EXPERIMENT, store["parent"], store["uri"], tmp_path, log_artifacts=False, n_boot=50)
     assert result["parent_run_id"] is None  # not logged
