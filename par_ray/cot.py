@@ -32,12 +32,12 @@ Tensor suffixes: B batch, T prompt tokens, L trace tokens, d depth, Q queries, V
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from par_ray.evaluation import sum_over_test_sets
 from par_ray.tasks.common import Episode, Task
 
 NUM_COT_TOKENS = 2
@@ -182,27 +182,23 @@ def cot_accuracy_by_depth(model_fn, task: Task, eval_cfg, tokens: CotTokens, dev
         ``{d: {"acc": final state right (all Q queries), "acc_query": per-query accuracy of the final block (0 for a
         row without one), "tokens": mean generated tokens per sequence}}``.
     """
-    results: dict[int, dict[str, float]] = {}
-    for depth in eval_cfg.depths:
-        ep = task.sample(depth, eval_cfg.num_sequences, seed=eval_cfg.seed, step=0)
+    def counts(depth: int, ep: Episode, ids_BT: torch.Tensor, answers_BQ: torch.Tensor) -> torch.Tensor:
         Q = ep.read_positions.numel()
-        ids_BT = ep.input_ids[rank::world_size]
-        answers_BQ = ep.states[rank::world_size, -1]
-        n_chunks = math.ceil(math.ceil(eval_cfg.num_sequences / world_size) / eval_cfg.batch_size)
-        counts = torch.zeros(4, dtype=torch.float64, device=device)  # right, queries right, tokens, sequences
-        for ids, ans in zip(ids_BT.tensor_split(n_chunks), answers_BQ.tensor_split(n_chunks)):
-            gen_BN, lengths_B = greedy_decode(model_fn, ids.to(device), tokens, trace_length(depth, Q), reduce_sum)
-            right = query_right = 0.0
-            for row, want in zip(gen_BN.cpu(), ans.tolist()):
-                got = final_state(row, tokens)
-                if got is not None and len(got) == Q:
-                    hits = sum(g == w for g, w in zip(got, want))
-                    right += float(hits == Q)
-                    query_right += hits / Q
-            counts += torch.tensor([right, query_right, lengths_B.sum().item(), ids.shape[0]],
-                                   dtype=torch.float64, device=device)
-        counts = reduce_sum(counts)
-        n = counts[3].clamp_min(1)
-        results[depth] = {"acc": (counts[0] / n).item(), "acc_query": (counts[1] / n).item(),
-                          "tokens": (counts[2] / n).item()}
+        gen_BN, lengths_B = greedy_decode(model_fn, ids_BT, tokens, trace_length(depth, Q), reduce_sum)
+        right = query_right = 0.0
+        for row, want in zip(gen_BN.cpu(), answers_BQ.tolist()):
+            got = final_state(row, tokens)
+            if got is not None and len(got) == Q:
+                hits = sum(g == w for g, w in zip(got, want))
+                right += float(hits == Q)
+                query_right += hits / Q
+        # right, queries right, tokens, sequences
+        return torch.tensor([right, query_right, lengths_B.sum().item(), ids_BT.shape[0]], dtype=torch.float64,
+                            device=device)
+
+    results: dict[int, dict[str, float]] = {}
+    for depth, (c_4,) in sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum).items():
+        n = c_4[3].clamp_min(1)
+        results[depth] = {"acc": (c_4[0] / n).item(), "acc_query": (c_4[1] / n).item(),
+                          "tokens": (c_4[2] / n).item()}
     return results

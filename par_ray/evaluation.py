@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -67,6 +67,46 @@ def format_G(ex: Extrapolation) -> str:
     return f"≥ {ex.G:.2f}" if ex.censored else f"{ex.G:.2f}"
 
 
+def rank_chunks(num_sequences: int, batch_size: int, rank: int, world_size: int,
+                *rows: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Rows ``rank::world_size`` of each tensor in ``rows`` (all with ``num_sequences`` rows), in chunks of at most
+    ``batch_size`` rows: the same number of chunks, ⌈⌈num_sequences / world_size⌉ / batch_size⌉, on every rank, so
+    every rank makes the same number of forward calls (FSDP all-gathers in each one and would hang otherwise); a rank
+    with fewer rows gets smaller, possibly empty, chunks."""
+    n_chunks = math.ceil(math.ceil(num_sequences / world_size) / batch_size)
+    return zip(*(r[rank::world_size].tensor_split(n_chunks) for r in rows))
+
+
+def sum_over_test_sets(task, eval_cfg, chunk_counts: Callable, device: torch.device, rank: int = 0, world_size: int = 1,
+                    reduce_sum=lambda t: t, prepare: Callable | None = None) -> dict[int, tuple[torch.Tensor, ...]]:
+    """The rank-split batch loop every evaluation runs (accuracy by depth, halting, CoT): counts summed over test
+    batches and ranks, at each test depth.
+
+    For each d in ``eval_cfg.depths`` the test set is ``task.sample(d, eval.num_sequences, eval.seed, step=0)`` (passed
+    through ``prepare(ep)`` when given, e.g. appending the halting query); this rank evaluates its rows
+    ``rank::world_size`` in :func:`rank_chunks` of ``eval.batch_size``, calling ``chunk_counts(d, ep, ids_BT,
+    answers_BQ)`` (the chunk's token ids and final states ``ep.states[:, -1]``, on ``device``) → a tensor or a tuple
+    of tensors of counts (float64, on ``device``), summed over chunks, then each tensor reduced over ranks with
+    ``reduce_sum`` (one collective per tensor per depth, the same on every rank).
+
+    Returns:
+        ``{d: (summed counts, one tensor per tensor chunk_counts returns)}``.
+    """
+    results: dict[int, tuple[torch.Tensor, ...]] = {}
+    for depth in eval_cfg.depths:
+        ep = task.sample(depth, eval_cfg.num_sequences, seed=eval_cfg.seed, step=0)
+        if prepare is not None:
+            ep = prepare(ep)
+        totals: list[torch.Tensor] | None = None
+        for ids_BT, answers_BQ in rank_chunks(eval_cfg.num_sequences, eval_cfg.batch_size, rank, world_size,
+                                              ep.input_ids, ep.states[:, -1]):
+            got = chunk_counts(depth, ep, ids_BT.to(device), answers_BQ.to(device))
+            got = (got,) if isinstance(got, torch.Tensor) else tuple(got)
+            totals = list(got) if totals is None else [t + g for t, g in zip(totals, got)]
+        results[depth] = tuple(reduce_sum(t) for t in totals)
+    return results
+
+
 @torch.no_grad()
 def accuracy_by_depth(
     model_fn,
@@ -92,24 +132,18 @@ def accuracy_by_depth(
     Returns:
         ``{d: {"acc": full-state accuracy, "acc_query": per-query accuracy}}``, fractions in [0, 1].
     """
-    results: dict[int, dict[str, float]] = {}
-    for depth in eval_cfg.depths:
-        ep = task.sample(depth, eval_cfg.num_sequences, seed=eval_cfg.seed, step=0)
+    def counts(depth: int, ep, ids_BT: torch.Tensor, answers_BQ: torch.Tensor) -> torch.Tensor:
         R = iterations_at(depth, ops_per_iteration, fixed_iterations)
-        ids_BT = ep.input_ids[rank::world_size]
-        answers_BQ = ep.states[rank::world_size, -1]
-        reads_Q = ep.read_positions.to(device)
-        # Same number of forward calls on every rank, whatever its share of rows.
-        n_chunks = math.ceil(math.ceil(eval_cfg.num_sequences / world_size) / eval_cfg.batch_size)
-        counts = torch.zeros(3, dtype=torch.float64, device=device)  # full-state right, queries right, sequences
-        for ids, ans in zip(ids_BT.tensor_split(n_chunks), answers_BQ.tensor_split(n_chunks)):
-            logits_BQV = model_fn(ids.to(device), reads_Q, R, None, 1.0, "last").logits_KBQV[-1]
-            right_BQ = logits_BQV.argmax(-1) == ans.to(device)
-            counts += torch.stack([right_BQ.all(-1).sum(), right_BQ.float().mean(-1).sum(),
-                                   torch.tensor(ids.shape[0], device=device)]).double()
-        counts = reduce_sum(counts)
-        n = counts[2].clamp_min(1)
-        results[depth] = {"acc": (counts[0] / n).item(), "acc_query": (counts[1] / n).item()}
+        logits_BQV = model_fn(ids_BT, ep.read_positions.to(device), R, None, 1.0, "last").logits_KBQV[-1]
+        right_BQ = logits_BQV.argmax(-1) == answers_BQ
+        # full-state right, queries right, sequences
+        return torch.stack([right_BQ.all(-1).sum(), right_BQ.float().mean(-1).sum(),
+                            torch.tensor(ids_BT.shape[0], device=device)]).double()
+
+    results: dict[int, dict[str, float]] = {}
+    for depth, (c_3,) in sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum).items():
+        n = c_3[2].clamp_min(1)
+        results[depth] = {"acc": (c_3[0] / n).item(), "acc_query": (c_3[1] / n).item()}
     return results
 
 
@@ -266,31 +300,29 @@ def halting_by_depth(
     rules = halting_rules(eval_cfg)
     R_max = halt_max_iterations(eval_cfg, ops_per_iteration)
     X = len(rules)
-    results: dict[int, dict] = {}
-    for depth in eval_cfg.depths:
-        ep = with_halt_query(task.sample(depth, eval_cfg.num_sequences, seed=eval_cfg.seed, step=0), halt.query)
+    signals = 1 + (pending_id is not None)
+
+    def counts(depth: int, ep, ids_BT: torch.Tensor, answers_BQ: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         R_star = math.ceil(depth / ops_per_iteration)
-        ids_BT = ep.input_ids[rank::world_size]
-        answers_BQ = ep.states[rank::world_size, -1]
         q_halt = ep.read_positions.numel() - 1  # read rows: answers, the halting query[, the last operation]
         reads_Q = ep.read_positions
         if pending_id is not None:
             reads_Q = torch.cat([reads_Q, ep.op_positions[-1:].to(reads_Q.dtype)])
-        reads_Q = reads_Q.to(device)
-        n_chunks = math.ceil(math.ceil(eval_cfg.num_sequences / world_size) / eval_cfg.batch_size)
+        logits_RBQV = model_fn(ids_BT, reads_Q.to(device), R_max, None, 1.0, "all").logits_KBQV
+        right_RB = (logits_RBQV[:, :, :q_halt].argmax(-1) == answers_BQ).all(-1)
+        p_RB = p_yes(logits_RBQV[:, :, q_halt], halt)
         # per signal s (query[, pending]) and rule x: the counts of _rule_counts; one all-reduce for both signals
-        counts_SX7 = torch.zeros(1 + (pending_id is not None), X, 7, dtype=torch.float64, device=device)
-        p_sum_R = torch.zeros(R_max, dtype=torch.float64, device=device)
-        for ids, ans in zip(ids_BT.tensor_split(n_chunks), answers_BQ.tensor_split(n_chunks)):
-            logits_RBQV = model_fn(ids.to(device), reads_Q, R_max, None, 1.0, "all").logits_KBQV
-            right_RB = (logits_RBQV[:, :, :q_halt].argmax(-1) == ans.to(device)).all(-1)
-            p_RB = p_yes(logits_RBQV[:, :, q_halt], halt)
-            counts_SX7[0] += _rule_counts(right_RB, p_RB, rules, R_star)
-            if pending_id is not None:
-                done_RB = 1.0 - logits_RBQV[:, :, q_halt + 1].float().softmax(-1)[..., pending_id]
-                counts_SX7[1] += _rule_counts(right_RB, done_RB, rules, R_star)
-            p_sum_R += p_RB.double().sum(1)
-        counts_SX7, p_sum_R = reduce_sum(counts_SX7), reduce_sum(p_sum_R)
+        counts_SX7 = torch.zeros(signals, X, 7, dtype=torch.float64, device=device)
+        counts_SX7[0] += _rule_counts(right_RB, p_RB, rules, R_star)
+        if pending_id is not None:
+            done_RB = 1.0 - logits_RBQV[:, :, q_halt + 1].float().softmax(-1)[..., pending_id]
+            counts_SX7[1] += _rule_counts(right_RB, done_RB, rules, R_star)
+        return counts_SX7, p_RB.double().sum(1)
+
+    results: dict[int, dict] = {}
+    summed = sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum,
+                             prepare=lambda ep: with_halt_query(ep, halt.query))
+    for depth, (counts_SX7, p_sum_R) in summed.items():
         n = counts_SX7[0, 0, 6].clamp_min(1)
         per_rule = [_rule_stats(c, n) for c in counts_SX7[0]]
         results[depth] = {

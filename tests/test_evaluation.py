@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from par_ray.config import EvalConfig
-from par_ray.evaluation import accuracy_by_depth, extrapolation, format_G
+from par_ray.evaluation import accuracy_by_depth, extrapolation, format_G, rank_chunks, sum_over_test_sets
 from par_ray.model.looped import LoopedOutput
 from par_ray.tasks import get_task
 
@@ -61,3 +61,33 @@ def test_accuracy_by_depth_with_an_oracle_and_sharding():
     parts = [accuracy_by_depth(oracle, task, cfg, 1, torch.device("cpu"), rank=r, world_size=2) for r in (0, 1)]
     assert math.isclose((parts[0][8]["acc"] * 25 + parts[1][8]["acc"] * 25) / 50, want8, rel_tol=1e-6)
     assert set(answers) == set(full)
+
+
+@pytest.mark.parametrize("n, batch, world", [(50, 16, 2), (7, 2, 3), (3, 4, 4), (64, 64, 1)])
+def test_rank_chunks_give_every_rank_the_same_number_of_calls_and_every_row_once(n, batch, world):
+    """The invariant FSDP needs: each rank makes the same number of forward calls, whatever its share of rows."""
+    ids = torch.arange(n)[:, None].expand(n, 3)
+    per_rank = [list(rank_chunks(n, batch, r, world, ids, ids[:, 0])) for r in range(world)]
+    assert len({len(c) for c in per_rank}) == 1
+    assert all(len(a) <= batch for chunks in per_rank for a, _ in chunks)
+    seen = sorted(int(x) for chunks in per_rank for _, b in chunks for x in b)
+    assert seen == list(range(n))
+
+
+def test_sum_over_test_sets_sums_chunks_then_reduces_each_tensor_once_per_depth():
+    task = get_task("swap_s5")
+    cfg = EvalConfig(depths=(2, 4), num_sequences=10, batch_size=3, seed=1)
+    reduced = []
+
+    def reduce_sum(t):
+        reduced.append(t.shape)
+        return 2 * t  # a second "rank" with the same counts
+
+    def counts(depth, ep, ids_BT, answers_BQ):
+        return torch.tensor([float(ids_BT.shape[0])], dtype=torch.float64), torch.full((2,), float(depth))
+
+    out = sum_over_test_sets(task, cfg, counts, torch.device("cpu"), rank=1, world_size=2, reduce_sum=reduce_sum)
+    assert list(out) == [2, 4]
+    assert out[2][0].item() == 10.0  # 5 rows on this rank, doubled by the reduction
+    assert out[4][1].tolist() == [8.0 * 2, 8.0 * 2]  # 2 chunks of ⌈5 / 3⌉ = 2, each adding the depth, doubled
+    assert len(reduced) == 4  # two tensors per depth, one collective each

@@ -37,7 +37,7 @@ import torch
 from par_ray.config import TrialConfig, to_flat
 from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens
 from par_ray.distill import uses_ema
-from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics
+from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics, rank_chunks
 from par_ray.halting import halt_tokens
 from par_ray.objectives import dense_class_offset, dense_classes, dense_pending_id, par_loss
 from par_ray.schedules import iterations_at, plan_step
@@ -121,8 +121,9 @@ def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
     depth = cfg.task.train_depth
     n = max(min(cfg.eval.num_sequences, cfg.eval.batch_size), world.size)  # at least one row per rank
     ep = task.sample(depth, n, seed=cfg.eval.seed + 1, step=0)
-    ids_BT = ep.input_ids[world.rank::world.size].to(engine.device)
-    states_BDQ = ep.states[world.rank::world.size].to(engine.device)
+    # this rank's rows in one chunk (one forward call on every rank)
+    [(ids_BT, states_BDQ)] = rank_chunks(n, n, world.rank, world.size, ep.input_ids, ep.states)
+    ids_BT, states_BDQ = ids_BT.to(engine.device), states_BDQ.to(engine.device)
     R = iterations_at(depth, c, cfg.recipe.fixed_iterations)
     with engine.autocast():
         out = engine.model(ids_BT, ep.read_positions.to(engine.device), R, None, 1.0, "all")
