@@ -8,13 +8,14 @@ import pytest
 
 from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, with_overrides
 from par_ray.recipes import apply_recipe
+from par_ray.train.loop import TIMING_METRICS
 from par_ray.train.trainer import MetricsLog, build_trainer, local_ray
 
 pytestmark = pytest.mark.ray
 
 STEPS = 6
 LOSS_ATOL = 1e-4  # as tests/test_halting_ray.py: float32 reduction order, far below any real bug
-TIMING = ("step_time_s", "tokens_per_s", "peak_memory_mb", "train_seconds")
+TIMING = TIMING_METRICS
 
 
 def trial(**train) -> TrialConfig:

@@ -184,3 +184,48 @@ def test_inductor_compiled_layers_train_like_eager_and_share_checkpoints(fresh_d
     """The real compile (inductor's generated kernels): ~90 s of CPU on a cold compile cache on 2 cores, ~10x the
     wall time under load, hence the full form only; the default run keeps the ``aot_eager`` form above."""
     check_compiled_matches_eager(tmp_path)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed"])
+def test_evaluation_runs_under_the_training_precision(strategy, monkeypatch):
+    """Every forward of an evaluation (accuracy by depth, the probe) sees the autocast state and parameter dtype of
+    the training step's forward, for every strategy (``loop.eval_metrics``: one rule).
+
+    On CPU every engine's ``autocast()`` is a no-op, so each strategy's engine class is given the GPU's rule here,
+    bf16 autocast (on CPU). ddp and fsdp (a plain module without a process group) run a real training step;
+    DeepSpeed's engine cannot start twice in one process (``test_deepspeed_single_process_matches_ddp...`` owns the
+    one start), so its evaluation runs on a ``DeepSpeedEngine`` over the plain module and is compared with a forward
+    under its ``autocast()``, the context its training step enters.
+    """
+    from par_ray.config import EvalConfig, TrialConfig
+    from par_ray.train.loop import eval_metrics
+
+    def bf16_autocast(self):
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    for cls in (strategies.Engine, strategies.FSDPEngine, strategies.DeepSpeedEngine):
+        monkeypatch.setattr(cls, "autocast", bf16_autocast)
+    cfg = TrialConfig(task=TASK, recipe=RECIPE, train=dataclasses.replace(TRAIN, strategy=strategy),
+                      eval=EvalConfig(depths=(4, 8), num_sequences=4, batch_size=2))
+    if strategy == "deepspeed":
+        plain, task = engine_for("ddp")
+        engine = strategies.DeepSpeedEngine(plain.model, plain.raw, plain.optimizer, plain.scheduler, cfg.train,
+                                            World())
+    else:
+        engine, task = engine_for(strategy)
+    seen = []
+    engine.raw.core[0].register_forward_pre_hook(
+        lambda module, args: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+                                          args[0].dtype)))
+    if strategy == "deepspeed":
+        ep = task.sample(4, 2, seed=0)
+        with engine.autocast():
+            engine.model(ep.input_ids, ep.read_positions, 2, None, 1.0, "last")
+    else:
+        run_steps(engine, task, [0])
+    trained = set(seen)
+    assert trained == {(True, torch.bfloat16, torch.bfloat16)}  # the GPU rule took hold in training
+    seen.clear()
+    metrics = eval_metrics(engine, task, cfg)
+    assert len(seen) > 2 and set(seen) == trained
+    assert {"acc_d4", "acc_d8", "loss_k1", "eval_seconds"} <= set(metrics) and metrics["eval_seconds"] > 0

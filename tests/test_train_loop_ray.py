@@ -29,7 +29,7 @@ STEPS = 6
 # Float32 on CPU: a different reduction order (two half-batch gradients summed by all-reduce, sharded clipping norms)
 # moves the loss in the 7th significant digit; this bound is ~100x what was measured and far below any real bug.
 LOSS_ATOL = 1e-4
-TIMING = ("step_time_s", "tokens_per_s", "peak_memory_mb", "train_seconds")
+TIMING = loop.TIMING_METRICS
 
 
 def trial(**train) -> TrialConfig:

@@ -7,8 +7,10 @@ single-process trainer (``python -m par_ray.train``) runs the *same* function th
 Per step: plan (d, R, s) from (seed, step), checked equal on every rank (:func:`check_lockstep`) → the rank's shard
 of the global batch → :func:`train_step` → a non-finite loss ends the trial at once
 (:class:`NonFiniteLossError`). Every ``report_every`` steps: metrics; every ``eval_every``: accuracy by depth, d50,
-G and the per-iteration probe (``loss_k{k}``, ``rms_k{k}``: :func:`probe_metrics`); every ``checkpoint_every``: a
-checkpoint with the report. The last report always carries a checkpoint, so ``Result.metrics`` holds final metrics.
+G and the per-iteration probe (``loss_k{k}``, ``rms_k{k}``: :func:`probe_metrics`), under the training step's
+precision (:func:`eval_metrics`), timed (``eval_seconds``, and ``eval_seconds_total`` over the trial beside
+``train_seconds``); every ``checkpoint_every``: a checkpoint with the report. The last report always carries a
+checkpoint, so ``Result.metrics`` holds final metrics.
 A trial is a list of stages (``par_ray.stages``): global step → (stage, step in stage) is pure, so the stage's recipe,
 frozen parts and stretch ramp follow from the step alone, on a fresh run and on one resumed mid-stage.
 Marked ``# ray`` lines are the only Ray calls.
@@ -54,6 +56,11 @@ checkpoints load on any world size, on any GPU type; checkpoints written before 
 lack it), fault injection, the collective timeout and ``train.compile`` (same math and state-dict keys; checkpoints
 written before it existed lack it). Every other field changes what is trained (a learning rate, the step count that
 shapes the LR schedule, the data), so a resume must match it."""
+
+TIMING_METRICS = ("step_time_s", "tokens_per_s", "peak_memory_mb", "train_seconds", "eval_seconds",
+                  "eval_seconds_total")
+"""Reported metrics that measure the machine, not the model: they differ between runs of the same trial (world
+size, load), so parity tests compare every other metric."""
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -139,9 +146,15 @@ def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
 
 def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict[str, float]:
     """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``,
-    and the per-iteration probe (:func:`probe_metrics`). R per depth follows ``recipe.fixed_iterations``; the
+    the per-iteration probe (:func:`probe_metrics`) and ``eval_seconds``, the wall time of this evaluation (s, rank
+    0's; every rank runs the same forward calls). R per depth follows ``recipe.fixed_iterations``; the
     chain-of-thought baseline (``recipe.cot``) is decoded greedily instead and adds ``cot_tokens_d{D}``, the mean
     generated tokens per sequence (``par_ray.cot``).
+
+    Precision: evaluation runs under the training step's precision, whatever the strategy — inside
+    ``engine.autocast()``, the context :func:`par_ray.train.step.train_step` runs its forward in (on GPU: bf16
+    autocast over fp32 parameters for ddp, over FSDP2's bf16-gathered parameters for fsdp; DeepSpeed's own bf16
+    module; on CPU: float32). So a backbone table never mixes an fp32-evaluated trial with a bf16-evaluated one.
 
     ``recipe``: the current stage's recipe (default ``cfg.recipe``); when it trains halting (and ``halt`` holds the
     halting tokens), also the halting-vs-oracle metrics of :func:`par_ray.evaluation.halting_metrics`, and, for a
@@ -149,6 +162,14 @@ def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict
     pending class), those of the last operation's pending signal, ``halt_acc_d{D}_pending`` and the rest (a par_ray
     signal, not the paper's read-out; docs/experiments.md §14).
     """
+    t0 = time.perf_counter()
+    with engine.autocast():  # the training step's precision (docstring)
+        out = _eval_metrics(engine, task, cfg, recipe, halt)
+    out["eval_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt) -> dict[str, float]:
     world = engine.world
     recipe = recipe or cfg.recipe
     if cfg.recipe.cot:  # chain-of-thought: greedy decoding of the trace, cost in generated tokens (par_ray.cot)
@@ -213,6 +234,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
     threads = tc.threads_per_worker or (0 if tc.use_gpu else assigned_cpus())
     if threads:
         torch.set_num_threads(threads)
+    if world.device.type == "cuda":  # TF32 for the fp32 matmuls that remain outside bf16 (autocast's fp32 ops)
+        torch.set_float32_matmul_precision("high")
     log = _Printer() if world.rank == 0 else _Silent()
 
     task = build_task(cfg.task)  # evaluation prompts
@@ -229,7 +252,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     engine = prepare(model, tc, world, ema=uses_ema(cfg))  # the PSD EMA teacher, if a stage distills from one
 
     flat = to_flat(cfg)
-    start, train_seconds, last_eval = 0, 0.0, {}
+    start, train_seconds, eval_seconds, last_eval = 0, 0.0, 0.0, {}
     checkpoint = ray.train.get_checkpoint()  # ray
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
@@ -240,6 +263,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
                                  "or --out, or the same settings):\n  - " + "\n  - ".join(differ))
             extra = engine.load(d)
         start, train_seconds, last_eval = extra["step"], extra["train_seconds"], extra.get("last_eval", {})
+        eval_seconds = extra.get("eval_seconds_total", 0.0)  # absent in checkpoints that predate it
         log(f"resumed from step {start}")
 
     window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
@@ -275,6 +299,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         is_last = done == tc.steps
         if done % tc.eval_every == 0 or is_last:
             last_eval = eval_metrics(engine, task, cfg, stage.recipe, halt)
+            eval_seconds += last_eval["eval_seconds"]
         want_ckpt = is_last or (tc.checkpoint_every and done % tc.checkpoint_every == 0)
         if done % tc.report_every == 0 or is_last or want_ckpt:
             n = max(window["n"], 1)
@@ -299,6 +324,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 "tokens_per_s": window["tokens"] * world.size / max(window["seconds"], 1e-9),
                 "peak_memory_mb": _peak_memory_mb(world.device),
                 "train_seconds": train_seconds,
+                "eval_seconds_total": eval_seconds,
                 "stage": stage.index,
                 **halt_train,
                 **last_eval,
@@ -309,8 +335,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
                    f"  G {last_eval['G']:.2f}" if last_eval else ""))
             window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
             if want_ckpt:
-                extra = {"step": done, "train_seconds": train_seconds, "last_eval": last_eval, "config": flat,
-                         "report": metrics}
+                extra = {"step": done, "train_seconds": train_seconds, "eval_seconds_total": eval_seconds,
+                         "last_eval": last_eval, "config": flat, "report": metrics}
                 _report_with_checkpoint(engine, metrics, extra, export_dir if is_last else None)
             else:
                 ray.train.report(metrics)  # ray
