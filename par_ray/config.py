@@ -3,18 +3,19 @@
 A trial is fully described by a :class:`TrialConfig`: the task, the backbone, the recipe (the PAR method and its
 ablations), the optimisation and the evaluation protocol. Every component receives only its own sub-config.
 
-Configs validate themselves: :meth:`TrialConfig.validate` collects *every* problem into one ``ValueError`` that names
-each field and its allowed values (litgpt ``validate_args``; torchtitan ``Trainer.Config.__post_init__``). Flattening
-to a ``{"section.field": value}`` dict happens only here, at the Tune / MLflow boundary (:func:`to_flat`,
-:func:`from_flat`).
+:func:`config_errors` lists every problem of the fields themselves (types, ranges, combinations) as ``"field:
+message"`` strings; :func:`par_ray.trial.validate` adds the checks against the registries (backbones, tasks, recipes,
+GPU types, pretrained directories) and raises them all as one ``ValueError`` that names each field and its allowed
+values (litgpt ``validate_args``; torchtitan ``Trainer.Config.__post_init__``). Flattening to a ``{"section.field":
+value}`` dict happens only here, at the Tune / MLflow boundary (:func:`to_flat`, :func:`from_flat`).
+
+This is the bottom layer: it imports nothing from par_ray (an import-linter contract in pyproject.toml holds it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import re
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -63,12 +64,12 @@ class BackboneConfig:
     """The parent decoder and how its layers are split into prelude / core / coda (paper §3.1)."""
 
     name: str = "tiny-qwen2"
-    """A key of ``par_ray.model.backbones.BACKBONES``."""
+    """A key of ``par_ray.model.registry.BACKBONES`` (checked by ``par_ray.trial.validate``)."""
     pretrained: str | None = None
     """``None``: random init from the config. Otherwise a local directory or a hub name for ``from_pretrained``, told
-    apart by :func:`pretrained_kind`: a path (absolute, or starting with ``.`` or ``~``, or with more than one ``/``)
-    or an existing directory is a local checkpoint and must hold ``config.json``; anything else must be a hub id
-    (``name`` or ``org/name``)."""
+    apart by ``par_ray.trial.pretrained_kind``: a path (absolute, or starting with ``.`` or ``~``, or with more than
+    one ``/``) or an existing directory is a local checkpoint and must hold ``config.json``; anything else must be a
+    hub id (``name`` or ``org/name``)."""
     split: tuple[int, int, int] | None = None
     """(prelude, core, coda) layer counts summing to the parent's layer count; ``None`` = thirds."""
     position_scheme: str = "rope"
@@ -197,7 +198,7 @@ class TrainConfig:
     use_gpu: bool = False
     """Run workers on GPUs (bf16 autocast, NCCL); ``False``: CPU, float32, gloo."""
     accelerator_type: str = ""
-    """GPU type every worker of the trial requires, a key of ``par_ray.planner.GPU_MEMORY_GB`` (Ray's name, e.g.
+    """GPU type every worker of the trial requires, a key of ``par_ray.accelerators.GPU_MEMORY_GB`` (Ray's name, e.g.
     ``"L40S"``, ``"H100"``; Ray Train's ``ScalingConfig(accelerator_type=...)``); ``""`` = any GPU. Needs
     ``use_gpu``."""
     threads_per_worker: int = 0
@@ -285,36 +286,15 @@ class TrialConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     stages: tuple[StageConfig, ...] = (StageConfig(),)
     """The trial's stages, run in order by the same loop; their steps add up to ``train.steps`` (the LR schedule,
-    reports and checkpoints count global steps). Default: one stage, the trial's recipe, nothing frozen."""
+    reports and checkpoints count global steps). Default: one stage, the trial's recipe, nothing frozen.
 
-    def validate(self) -> "TrialConfig":
-        """Check every field; raise one ``ValueError`` listing all problems (field, value, allowed). Returns self."""
-        errors = config_errors(self)
-        if errors:
-            raise ValueError("invalid trial config:\n  - " + "\n  - ".join(errors))
-        return self
+    Validate with ``par_ray.trial.validate(cfg)``: the field checks of :func:`config_errors` and the registry checks
+    in one error."""
 
 
 MAX_SEED = 2**63 - 1
 """Seeds are non-negative ints below 2**63 (``numpy.random.SeedSequence`` refuses negatives; torch takes 64 bits)."""
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)?$")
-
-
-def pretrained_kind(value: str) -> str:
-    """``"local"`` or ``"hub"``: how ``backbone.pretrained`` is read (the rule in ``BackboneConfig.pretrained``).
-
-    A value that exists as a directory, is absolute, starts with ``.`` or ``~``, or has more than one ``/`` names a
-    local checkpoint. Anything else is a Hugging Face hub id (``gpt2``, ``Qwen/Qwen2.5-0.5B``), which is legal even
-    when no such directory exists here: ``from_pretrained`` reads it from the hub cache or the hub. So a relative
-    local directory of one or two components (``mymodel``) that does not exist is taken as a hub id; write
-    ``./mymodel`` to have it checked as a path.
-    """
-    expanded = os.path.expanduser(value)
-    if (os.path.isdir(expanded) or os.path.isabs(expanded) or value.startswith((".", "~"))
-            or value.count("/") > 1 or os.sep != "/" and os.sep in value):
-        return "local"
-    return "hub"
 
 
 def _type_ok(value: typing.Any, hint: typing.Any) -> bool:
@@ -343,7 +323,7 @@ def _type_name(hint: typing.Any) -> str:
     return str(hint).replace("typing.", "")
 
 
-def _type_errors(cfg: TrialConfig) -> tuple[list[str], set[str]]:
+def type_errors(cfg: TrialConfig) -> tuple[list[str], set[str]]:
     """Fields whose value is not of the declared type, or a non-finite float: (messages, ``"section.field"`` names).
 
     Every numeric field of every section rejects ``inf`` and ``nan`` here, whatever its own range check says.
@@ -370,15 +350,15 @@ def _type_errors(cfg: TrialConfig) -> tuple[list[str], set[str]]:
 
 
 def config_errors(cfg: TrialConfig) -> list[str]:
-    """All problems of ``cfg`` as ``"field: message"`` strings (empty when valid).
+    """Every problem of ``cfg``'s fields as ``"field: message"`` strings (empty when valid), without the registries.
 
     First the declared type of every field (and finiteness of every float), then each field's domain; a field of
-    the wrong type is reported once, by the type check, and skipped by the range checks that would read it.
+    the wrong type is reported once, by the type check, and skipped by the range checks that would read it. The
+    checks that need a registry (backbone names and layer counts, what a task can serve, stage recipes, GPU types,
+    pretrained directories) are ``par_ray.trial.registry_errors``; ``par_ray.trial.validate`` runs both.
     """
-    from par_ray.model.registry import BACKBONES  # local: the registry imports this module
-
     t, b, r, tr, ev = cfg.task, cfg.backbone, cfg.recipe, cfg.train, cfg.eval
-    errs, bad = _type_errors(cfg)
+    errs, bad = type_errors(cfg)
 
     def check(names: str, ok: typing.Callable[[], bool], msg: typing.Callable[[], str] | str) -> None:
         """Report ``names.split()[0]: msg`` unless ``ok()``; skipped when any field in ``names`` has a bad type."""
@@ -412,18 +392,8 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     at_least("task.train_depth", 1)
     check("task.min_train_depth task.train_depth", lambda: 1 <= t.min_train_depth <= max(t.train_depth, 1),
           lambda: f"must be in [1, task.train_depth={t.train_depth}], got {t.min_train_depth}")
-    if "task.name" not in bad and t.name in TASK_NAMES:
-        errs += _task_shape_errors(cfg, bad)
 
-    one_of("backbone.name", BACKBONES)
     one_of("backbone.position_scheme", POSITION_SCHEMES)
-    if b.split is not None and "backbone.split" not in bad and b.name in BACKBONES:
-        n_layers = BACKBONES[b.name].num_hidden_layers
-        if sum(b.split) != n_layers or min(b.split) < 0 or b.split[1] < 1:
-            errs.append(f"backbone.split: {tuple(b.split)} must be non-negative with core >= 1 and sum to "
-                        f"{b.name}'s {n_layers} layers")
-    if b.pretrained is not None and "backbone.pretrained" not in bad:
-        errs.extend(_pretrained_errors(b.pretrained))
 
     check("recipe.name", lambda: r.name.strip() != "", "must be a non-empty label")
     one_of("recipe.targets", TARGETS)
@@ -479,11 +449,7 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     check("train.strategy recipe.tied", lambda: tr.strategy != "deepspeed" or r.tied,
           "'deepspeed' cannot train the untied baseline (recipe.tied=False): use 'ddp' or 'fsdp' (docs/distributed.md)")
     one_of("train.zero_stage", ZERO_STAGES)
-    if tr.accelerator_type and "train.accelerator_type" not in bad:
-        from par_ray.planner import GPU_MEMORY_GB  # local: keeps config importable without torch at import time
-
-        check("train.accelerator_type", lambda: tr.accelerator_type in GPU_MEMORY_GB,
-              f"{tr.accelerator_type!r} is not '' (any GPU) or one of {list(GPU_MEMORY_GB)}")
+    if tr.accelerator_type and "train.accelerator_type" not in bad:  # its name: par_ray.trial.registry_errors
         check("train.accelerator_type train.use_gpu", lambda: tr.use_gpu is True,
               f"{tr.accelerator_type!r} selects GPU nodes, so it needs train.use_gpu=true (or '' on CPU)")
     at_least("train.fail_at_step", -1, " (-1 = off)")
@@ -515,12 +481,7 @@ def config_errors(cfg: TrialConfig) -> list[str]:
           "needs recipe.dense_targets=true (which tokens hold is read from the dense targets' frontier)")
     check("recipe.dense_pending recipe.dense_targets", lambda: r.dense_targets or not r.dense_pending,
           "needs recipe.dense_targets=true")
-    from par_ray.tasks import TASKS  # local: keeps config importable without torch at import time
-
-    if r.dense_targets is True:
-        check("recipe.dense_targets task.name", lambda: t.name not in TASKS or TASKS[t.name].num_states > 0,
-              lambda: (f"task {t.name!r} defines no whole-task state; dense targets need one of "
-                       f"{[n for n, task in TASKS.items() if task.num_states > 0]}"))
+    if r.dense_targets is True:  # which tasks define a whole-task state: par_ray.trial.registry_errors
         check("recipe.dense_targets backbone.pretrained", lambda: b.pretrained is None,
               "needs a random-init backbone (backbone.pretrained=None): the state classes extend the vocabulary")
     at_least("train.keep_checkpoints", 1)
@@ -534,45 +495,10 @@ def config_errors(cfg: TrialConfig) -> list[str]:
               f"so it needs 'final' (iterations before c·k >= d get the teacher's KL instead)")
         check("recipe.dense_targets recipe.distill", lambda: not r.dense_targets,
               "must be false with recipe.distill (dense targets label every prefix; PSD labels final answers only)")
-        check("recipe.distill task.name", lambda: t.name not in TASKS or TASKS[t.name].op_width is not None,
-              lambda: (f"task {t.name!r} has no serial [BOS, ops, SEP, queries] prompt, so the distillation teacher's "
-                       f"truncated prompt is undefined; recipe.distill needs one of "
-                       f"{[n for n, task in TASKS.items() if task.op_width is not None]}"))
-    halting_fields = {"recipe.halt_weight", "recipe.ops_per_iteration", "eval.halt_k", "eval.halt_n", "eval.halt_tau",
-                      "eval.halt_rules", "eval.halt_max_iterations", "eval.depths", "train.steps", "train.strategy",
-                      "stages"}
-    if not bad & halting_fields:  # its checks compare values, so they need the right types
+    if not bad & HALTING_AND_STAGE_FIELDS:  # its checks compare values, so they need the right types
         errs += halting_and_stage_errors(cfg)
     return errs
 
-
-def _task_shape_errors(cfg: TrialConfig, bad: set[str]) -> list[str]:
-    """What the task itself cannot serve, found here rather than when a worker first builds the task: a serial-layout
-    option (``task.op_order='recent_first'``, ``task.train_filler``) on a task without a serial layout
-    (``Task.op_width is None``: reachability), and train or test depths past the task's ``max_depth``."""
-    from par_ray.tasks import TASKS  # local: keeps config importable without torch at import time
-
-    t, ev = cfg.task, cfg.eval
-    task = TASKS[t.name]
-    errs: list[str] = []
-    if task.op_width is None:
-        serial = [n for n, k in TASKS.items() if k.op_width is not None]
-        if "task.op_order" not in bad and t.op_order == "recent_first":
-            errs.append(f"task.op_order: 'recent_first' needs a task with a serial [BOS, ops, SEP, queries] layout, "
-                        f"one of {serial}; task {t.name!r} has none: use 'forward'")
-        if "task.train_filler" not in bad and t.train_filler != 0:
-            errs.append(f"task.train_filler: must be 0 for task {t.name!r}, which has no serial [BOS, ops, SEP, "
-                        f"queries] layout (fillers need one of {serial}), got {t.train_filler}")
-    if task.max_depth is not None:
-        if "task.train_depth" not in bad and t.train_depth > task.max_depth:
-            errs.append(f"task.train_depth: must be in [1, {task.max_depth}], the max_depth of task {t.name!r}, got "
-                        f"{t.train_depth}")
-        if "eval.depths" not in bad and all(isinstance(d, int) for d in ev.depths):
-            deep = [d for d in ev.depths if d > task.max_depth]
-            if deep:
-                errs.append(f"eval.depths: {deep} exceed the max_depth={task.max_depth} of task {t.name!r}; test "
-                            f"depths must be in [task.train_depth, {task.max_depth}]")
-    return errs
 
 
 def stage_steps(stage: StageConfig, total_steps: int) -> int:
@@ -583,10 +509,15 @@ def stage_steps(stage: StageConfig, total_steps: int) -> int:
     return max(1, round(stage.share * total_steps)) if stage.share > 0 else 0
 
 
-def halting_and_stage_errors(cfg: TrialConfig) -> list[str]:
-    """Problems of the halting fields (recipe, eval) and of ``cfg.stages``, as ``"field: message"`` strings."""
-    from par_ray.recipes import RECIPES  # local: recipes imports this module
+HALTING_AND_STAGE_FIELDS = frozenset({
+    "recipe.halt_weight", "recipe.ops_per_iteration", "eval.halt_k", "eval.halt_n", "eval.halt_tau", "eval.halt_rules",
+    "eval.halt_max_iterations", "eval.depths", "train.steps", "train.strategy", "stages"})
+"""Fields :func:`halting_and_stage_errors` compares by value: it runs only when none of them has a bad type."""
 
+
+def halting_and_stage_errors(cfg: TrialConfig) -> list[str]:
+    """Problems of the halting fields (recipe, eval) and of ``cfg.stages``, as ``"field: message"`` strings. What a
+    stage's named recipe changes is checked against ``par_ray.recipes.RECIPES`` by ``par_ray.trial``."""
     r, ev, tr = cfg.recipe, cfg.eval, cfg.train
     errs: list[str] = []
 
@@ -621,17 +552,6 @@ def halting_and_stage_errors(cfg: TrialConfig) -> list[str]:
         check(s.frozen == "none" or tr.strategy != "deepspeed", f"stages[{i}].frozen",
               f"{s.frozen!r} needs train.strategy 'ddp' or 'fsdp' (DeepSpeed owns its gradients, so frozen parts "
               "cannot be left out of its step)")
-        if s.recipe and s.recipe not in RECIPES:
-            errs.append(f"stages[{i}].recipe: {s.recipe!r} is not one of {['', *RECIPES]}")
-        elif s.recipe:
-            sr = RECIPES[s.recipe](cfg).recipe
-            changed = [f for f in ("anchoring", "tied", "max_iterations", "cot") if getattr(sr, f) != getattr(r, f)]
-            check(not changed, f"stages[{i}].recipe",
-                  f"{s.recipe!r} changes {changed}, which are built into the model once per trial; "
-                  "a stage may not change them")
-            check(not (sr.halting and sr.fixed_iterations), f"stages[{i}].recipe",
-                  f"{s.recipe!r} trains learned halting, which needs R to follow the depth "
-                  f"(recipe.fixed_iterations={sr.fixed_iterations})")
     check(len(open_ended) <= 1, "stages", f"at most one stage may have steps=0 (the rest), got stages {open_ended}")
     if sizes_ok and open_ended:
         check(fixed < tr.steps, "stages",
@@ -667,24 +587,6 @@ def halt_rules_errors(rules: tuple[tuple[int, int, float], ...], primary: tuple[
     return [f"eval.halt_rules: every rule k/n/tau needs k in [1, n] and tau in the open interval (0, 1), once each "
             f"and not the primary rule {format_halt_rules((tuple(primary),))}; bad: {'; '.join(bad)}"]
 
-
-def _pretrained_errors(value: str) -> list[str]:
-    """Problems of ``backbone.pretrained`` under the rule of :func:`pretrained_kind` (checked before anything runs)."""
-    if value.strip() == "":
-        return ["backbone.pretrained: empty; use None for random init, a local directory or a hub id"]
-    if pretrained_kind(value) == "hub":
-        if not _HUB_ID.match(value):
-            return [f"backbone.pretrained: {value!r} is neither a local directory nor a hub id ('name' or "
-                    f"'org/name'); write local directories as ./path or /abs/path"]
-        return []
-    path = os.path.expanduser(value)
-    if not os.path.isdir(path):
-        return [f"backbone.pretrained: local directory {value!r} does not exist (a hub id is 'name' or 'org/name'; "
-                f"a local checkpoint is a directory holding config.json)"]
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        return [f"backbone.pretrained: {value!r} holds no config.json, so it is not a transformers checkpoint "
-                f"directory"]
-    return []
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -768,7 +670,7 @@ def from_flat(flat: typing.Mapping[str, typing.Any], base: TrialConfig | None = 
 
     Values may be strings (as MLflow returns them); they are converted to each field's declared type.
     Raises ``ValueError`` naming unknown keys or values that do not convert; does *not* validate ranges
-    (call ``.validate()``).
+    (call ``par_ray.trial.validate``).
     """
     cfg = base or TrialConfig()
     updates: dict[str, dict[str, typing.Any]] = {}

@@ -108,6 +108,7 @@ import sys
 import typing
 from dataclasses import dataclass
 
+from par_ray.accelerators import GPU_MEMORY_GB  # re-exported: GPU type -> GB, beside the plans that use it
 from par_ray.model.registry import BACKBONES
 
 if typing.TYPE_CHECKING:
@@ -117,17 +118,6 @@ STRATEGIES = ("ddp", "fsdp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
 DTYPES = ("bf16", "fp32")
 GPU_SIZES_GB = (80, 141)
-GPU_MEMORY_GB = {"A10G": 24, "L4": 24, "L40S": 48, "A100": 40, "A100-40G": 40, "A100-80G": 80, "H100": 80,
-                 "H200": 141}
-"""Ray accelerator type → GB per GPU (decimal, the product figure), for ``train.accelerator_type`` and the paper
-preset's ``--gpu-types``. The keys are the strings Ray 2.60 uses in a node's ``accelerator_type:<type>`` resource
-(``ray.util.accelerators``): on NVIDIA nodes Ray derives the type from the NVML device name
-(``ray/_private/accelerators/nvidia_gpu.py``, the first model token: "NVIDIA L40S" → L40S, "NVIDIA H100 80GB HBM3"
-→ H100, "NVIDIA A100-SXM4-80GB" → A100), and a cluster config may declare it for nodes not yet started. Both A100
-sizes read "A100", so that key counts the 40 GB card; "A100-40G" / "A100-80G" are labels Ray never adds itself: a
-node type must declare them (``resources: {"accelerator_type:A100-80G": 1}``). H100 counts the 80 GB SXM/PCIe card
-(the 94 GB H100 NVL reads "H100" too); H200 is the 141 GB card. Cards without bf16 (T4, V100) are left out: the
-paper preset trains in bf16."""
 DEEPSPEED_BUCKET = 500_000_000
 """DeepSpeed's default ``reduce_bucket_size`` and ``allgather_bucket_size`` (elements)."""
 DEEPSPEED_MAX_LIVE = 1_000_000_000
@@ -209,7 +199,7 @@ def model_shape(backbone: str, split: tuple[int, int, int] | None = None, tied: 
     ``vocab_size`` / ``num_layers`` override the registry's (task vocabularies, shortened benchmark shapes).
     Raises ``ValueError`` for an unknown backbone or a bad split (from the registry and ``LoopedLM``).
     """
-    # here, not at the top: config validation and the sweep drivers read GPU_MEMORY_GB without building a model
+    # here, not at the top: a sweep driver plans trials (and the CLI lists GPU types) without importing model code
     from par_ray.model import backbones
     from par_ray.model.looped import LoopedLM
 

@@ -92,14 +92,14 @@ def gpu_targets(gpu_types: typing.Sequence[str]) -> list[tuple[str, float, int |
     """``gpu_types`` (``"TYPE"`` or ``"TYPE:N"``, cheapest first) as (Ray accelerator type, GB per GPU, most GPUs
     per trial or ``None``).
 
-    ``TYPE`` is a key of ``par_ray.planner.GPU_MEMORY_GB``; ``:N`` caps a trial on that type at N GPUs (the GPUs of
+    ``TYPE`` is a key of ``par_ray.accelerators.GPU_MEMORY_GB``; ``:N`` caps a trial on that type at N GPUs (the GPUs of
     the cluster's largest node of that type), so its workers share one node. Without it a trial may take as many
     GPUs as the largest of :data:`PAPER_PARALLELISM_CANDIDATES` (8), and Ray places them on several nodes when no
     node has that many (Ray Train's placement strategy PACK): FSDP / ZeRO then run their collectives between nodes.
     Raises ``ValueError`` naming ``--gpu-types`` and the known types for an unknown type, a malformed or
     non-positive cap, or a type named twice.
     """
-    from par_ray.planner import GPU_MEMORY_GB
+    from par_ray.accelerators import GPU_MEMORY_GB
 
     targets, errs = [], []
     for item in gpu_types:

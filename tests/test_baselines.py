@@ -21,6 +21,7 @@ from par_ray.tasks import TASKS, build_task
 from par_ray.train.loop import eval_metrics
 from par_ray.train.step import train_step
 from par_ray.train.strategies import World, prepare
+from par_ray.trial import validate
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread per module
 
@@ -51,9 +52,9 @@ def test_every_baseline_validates_under_every_strategy_or_is_refused_by_name(rec
     cfg = with_overrides(tiny_trial(recipe), train=dict(strategy=strategy))
     if recipe == "untied" and strategy == "deepspeed":
         with pytest.raises(ValueError, match=r"train\.strategy: 'deepspeed' cannot train the untied baseline"):
-            cfg.validate()
+            validate(cfg)
         return
-    assert cfg.validate().recipe.name == recipe
+    assert validate(cfg).recipe.name == recipe
     assert cfg.recipe.supervise == "last" and cfg.recipe.targets == "final"
 
 
@@ -78,7 +79,7 @@ def test_baselines_set_the_iteration_count_each_documents():
 def test_fixed_iterations_refuses_what_needs_r_to_follow_depth(overrides, field):
     cfg = with_overrides(tiny_trial("more_iterations"), **overrides)
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-        cfg.validate()
+        validate(cfg)
 
 
 @pytest.mark.parametrize("overrides, field", [
@@ -90,7 +91,7 @@ def test_fixed_iterations_refuses_what_needs_r_to_follow_depth(overrides, field)
 ])
 def test_cot_refuses_what_cached_decoding_cannot_serve(overrides, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-        with_overrides(tiny_trial("cot"), **overrides).validate()
+        validate(with_overrides(tiny_trial("cot"), **overrides))
 
 
 def test_plan_step_runs_the_fixed_r_at_every_depth():
@@ -232,7 +233,7 @@ def test_cot_greedy_decoding_equals_teacher_forced_argmax_on_a_trained_toy():
     cfg = tiny_trial("cot", task=dict(name="swap_s5", train_depth=2, min_train_depth=1),
                      train=dict(steps=40, batch_size=16, warmup_steps=5, lr=3e-3),
                      eval=dict(depths=(2, 3), num_sequences=8, batch_size=8))
-    cfg.validate()
+    validate(cfg)
     engine, task, train_task = engine_and_tasks(cfg)
     losses = [train_step(engine, train_task, cfg.task, cfg.recipe, 0, s, cfg.train.batch_size).loss
               for s in range(cfg.train.steps)]
@@ -302,4 +303,4 @@ def test_a_halting_stage_is_refused_on_a_fixed_r_baseline():
     cfg = tiny_trial("fixed_depth")
     cfg = dataclasses.replace(cfg, stages=(StageConfig(), StageConfig(share=0.25, recipe="halt_readout")))
     with pytest.raises(ValueError, match=r"stages\[1\]\.recipe: 'halt_readout' trains learned halting"):
-        cfg.validate()
+        validate(cfg)

@@ -6,31 +6,32 @@ import typing
 import pytest
 
 from par_ray import presets
-from par_ray.config import TrialConfig, flat_value, from_flat, pretrained_kind, to_flat, with_overrides
+from par_ray.config import TrialConfig, flat_value, from_flat, to_flat, with_overrides
 from par_ray.recipes import RECIPES, apply_recipe
+from par_ray.trial import pretrained_kind, validate
 
 
 def test_default_config_is_valid():
-    TrialConfig().validate()
+    validate(TrialConfig())
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 @pytest.mark.parametrize("backbone", presets.LOCAL_BACKBONES)
 def test_every_recipe_on_local_preset_validates(recipe, backbone):
-    cfg = apply_recipe(presets.local_trial(backbone), recipe).validate()
+    cfg = validate(apply_recipe(presets.local_trial(backbone), recipe))
     assert cfg.recipe.name == recipe
 
 
 @pytest.mark.parametrize("backbone", presets.PAPER_BACKBONES)
 def test_paper_preset_validates_for_every_real_backbone(backbone):
-    presets.paper_trial(backbone).validate()
+    validate(presets.paper_trial(backbone))
 
 
 def test_all_problems_reported_in_one_error():
     cfg = with_overrides(TrialConfig(), task={"name": "nope", "train_depth": 0},
                          backbone={"name": "gpt5", "split": (1, 1, 1)}, train={"strategy": "horovod"})
     with pytest.raises(ValueError) as e:
-        cfg.validate()
+        validate(cfg)
     msg = str(e.value)
     for field in ("task.name", "task.train_depth", "backbone.name", "train.strategy"):
         assert field in msg
@@ -52,7 +53,7 @@ def test_all_problems_reported_in_one_error():
 ])
 def test_bad_fields_are_named(overrides, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-        with_overrides(TrialConfig(), **overrides).validate()
+        validate(with_overrides(TrialConfig(), **overrides))
 
 
 def test_flat_round_trip_including_strings_from_mlflow():
@@ -66,7 +67,7 @@ def test_flat_round_trip_including_strings_from_mlflow():
 
 def test_halt_rules_round_trip_through_the_flat_form_and_mlflow_strings():
     assert to_flat(TrialConfig())["eval.halt_rules"] == "none"  # MLflow params are never empty
-    cfg = with_overrides(TrialConfig(), eval={"halt_rules": ((4, 8, 0.5), (6, 8, 0.3), (1, 1, 0.5))}).validate()
+    cfg = validate(with_overrides(TrialConfig(), eval={"halt_rules": ((4, 8, 0.5), (6, 8, 0.3), (1, 1, 0.5))}))
     flat = to_flat(cfg)
     assert flat["eval.halt_rules"] == "4/8/0.5,6/8/0.3,1/1/0.5"
     assert from_flat(flat) == cfg and from_flat({k: str(v) for k, v in flat.items()}) == cfg
@@ -93,7 +94,7 @@ def test_halt_rules_round_trip_through_the_flat_form_and_mlflow_strings():
 ])
 def test_bad_halt_rules_are_one_error_naming_the_field(rules, words):
     with pytest.raises(ValueError) as e:
-        with_overrides(TrialConfig(), eval={"halt_rules": rules}).validate()
+        validate(with_overrides(TrialConfig(), eval={"halt_rules": rules}))
     lines = str(e.value).splitlines()[1:]
     assert len(lines) == 1 and lines[0].strip().startswith("- eval.halt_rules:") and words in lines[0], lines
 
@@ -101,7 +102,7 @@ def test_bad_halt_rules_are_one_error_naming_the_field(rules, words):
 def test_bad_halt_rules_list_every_bad_rule_in_one_line():
     cfg = with_overrides(TrialConfig(), eval={"halt_rules": ((9, 8, 0.5), (4, 8, 0.3), (4, 8, 1.5))})
     with pytest.raises(ValueError) as e:
-        cfg.validate()
+        validate(cfg)
     lines = str(e.value).splitlines()[1:]
     assert len(lines) == 1 and "9/8/0.5 (k=9" in lines[0] and "4/8/1.5 (tau=1.5" in lines[0]
     assert "4/8/0.3" not in lines[0].split("bad:")[1]  # the good rule is not listed
@@ -162,10 +163,10 @@ def test_every_field_rejects_unusable_values_with_one_error_naming_it(kind):
         value = {"inf": float("inf"), "nan": float("nan"), "negative": -1, "wrong_type": _wrong_type(hint)}[kind]
         cfg = with_overrides(TrialConfig(), **{section: {f.name: value}})
         if _legal(section, f.name, value):
-            cfg.validate()
+            validate(cfg)
             continue
         with pytest.raises(ValueError) as e:
-            cfg.validate()
+            validate(cfg)
         lines = str(e.value).splitlines()[1:]
         name = f"{section}.{f.name}"
         assert lines[0].strip().startswith(f"- {name}:"), (name, value, lines)
@@ -183,7 +184,7 @@ def test_every_stage_field_rejects_unusable_values_with_one_error_naming_it(kind
         value = {"inf": float("inf"), "nan": float("nan"), "negative": -1, "wrong_type": _wrong_type(hints[f.name])}[kind]
         cfg = dataclasses.replace(TrialConfig(), stages=(dataclasses.replace(StageConfig(), **{f.name: value}),))
         with pytest.raises(ValueError) as e:
-            cfg.validate()
+            validate(cfg)
         first = str(e.value).splitlines()[1].strip()
         assert first.startswith(f"- stages[0].{f.name}:"), (f.name, value, first)
 
@@ -195,17 +196,17 @@ def test_every_stage_field_rejects_unusable_values_with_one_error_naming_it(kind
 ])
 def test_flat_overrides_of_unusable_values_are_rejected(field, value):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-        from_flat({field: value}).validate()
+        validate(from_flat({field: value}))
 
 
 def test_legal_edge_values_are_accepted():
     for flat in ({"train.fail_at_step": -1, "train.checkpoint_every": 0}, {"train.grad_clip": 0.0},
                  {"train.seed": 2**63 - 1}, {"recipe.hold_lambda": 0}, {"train.lr": 1}):
-        from_flat(flat).validate()
+        validate(from_flat(flat))
 
 
 def test_pretrained_rule_local_paths_must_exist_hub_ids_are_legal(tmp_path):
-    ok = lambda v: with_overrides(TrialConfig(), backbone={"pretrained": v}).validate()  # noqa: E731
+    ok = lambda v: validate(with_overrides(TrialConfig(), backbone={"pretrained": v}))  # noqa: E731
     for hub in ("Qwen/Qwen2.5-0.5B", "gpt2", "Qwen/Qwen3-0.6B"):
         assert pretrained_kind(hub) == "hub"
         ok(hub)
@@ -238,36 +239,36 @@ def test_pretrained_rule_local_paths_must_exist_hub_ids_are_legal(tmp_path):
 ])
 def test_task_shape_errors_name_the_field_and_allowed_values(overrides, field, words):
     with pytest.raises(ValueError) as e:
-        with_overrides(TrialConfig(), **overrides).validate()
+        validate(with_overrides(TrialConfig(), **overrides))
     lines = [line for line in str(e.value).splitlines() if line.strip().startswith(f"- {field}:")]
     assert len(lines) == 1 and words in lines[0], str(e.value)
 
 
 def test_serial_options_and_depths_within_max_depth_stay_legal():
-    with_overrides(TrialConfig(), task={"name": "swap_s5", "op_order": "recent_first", "train_filler": 3}).validate()
-    with_overrides(TrialConfig(), task={"name": "reachability"}, eval={"depths": (8, 128)}).validate()
+    validate(with_overrides(TrialConfig(), task={"name": "swap_s5", "op_order": "recent_first", "train_filler": 3}))
+    validate(with_overrides(TrialConfig(), task={"name": "reachability"}, eval={"depths": (8, 128)}))
 
 
 def test_accelerator_type_is_a_known_gpu_type_of_a_gpu_trial():
-    gpu = with_overrides(TrialConfig(), train={"use_gpu": True, "accelerator_type": "H100"}).validate()
+    gpu = validate(with_overrides(TrialConfig(), train={"use_gpu": True, "accelerator_type": "H100"}))
     assert TrialConfig().train.accelerator_type == ""  # any GPU (or CPU)
     assert from_flat(to_flat(gpu)) == gpu
     with pytest.raises(ValueError, match=r"train\.accelerator_type: 'L40' is not '' \(any GPU\) or one of \[.*'L40S'"):
-        with_overrides(gpu, train={"accelerator_type": "L40"}).validate()
+        validate(with_overrides(gpu, train={"accelerator_type": "L40"}))
     with pytest.raises(ValueError, match=r"train\.accelerator_type: 'H100' selects GPU nodes, so it needs "
                                          r"train\.use_gpu=true"):
-        with_overrides(TrialConfig(), train={"accelerator_type": "H100"}).validate()
+        validate(with_overrides(TrialConfig(), train={"accelerator_type": "H100"}))
 
 
 def test_compile_is_a_flat_bool_and_refused_with_the_cot_baseline():
     assert TrialConfig().train.compile is False
-    cfg = from_flat({"train.compile": "true"}).validate()  # --set train.compile=true
+    cfg = validate(from_flat({"train.compile": "true"}))  # --set train.compile=true
     assert cfg.train.compile is True and to_flat(cfg)["train.compile"] is True
     assert from_flat(to_flat(cfg)) == cfg
     with pytest.raises(ValueError, match=r"train\.compile: cannot read 'sometimes'"):
         from_flat({"train.compile": "sometimes"})
     cot = apply_recipe(presets.local_trial("tiny-qwen2"), "cot")
     with pytest.raises(ValueError, match=r"train\.compile: must be false with recipe\.cot: its greedy decoding"):
-        with_overrides(cot, train={"compile": True}).validate()
+        validate(with_overrides(cot, train={"compile": True}))
     for recipe in sorted(set(RECIPES) - {"cot"}):  # every other recipe takes it
-        with_overrides(apply_recipe(presets.local_trial("tiny-qwen2"), recipe), train={"compile": True}).validate()
+        validate(with_overrides(apply_recipe(presets.local_trial("tiny-qwen2"), recipe), train={"compile": True}))

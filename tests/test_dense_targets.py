@@ -16,6 +16,7 @@ from par_ray.tasks.common import Filler, RecentFirst
 from par_ray.tasks.permutations import ALL_PERMUTATIONS, OBJ_BASE
 from par_ray.train.step import train_step
 from par_ray.train.strategies import World, prepare
+from par_ray.trial import validate
 
 
 @pytest.mark.parametrize("name", ["swap_s5", "s5", "a5"])
@@ -108,11 +109,11 @@ def test_config_refuses_unusable_values_of_the_new_fields():
     bad = TrialConfig(recipe=RecipeConfig(extra_iterations=-1, dense_targets=True),
                       backbone=BackboneConfig(adapter_alpha=-0.5, pretrained="/some/checkpoint"))
     with pytest.raises(ValueError) as e:
-        bad.validate()
+        validate(bad)
     for field in ("recipe.extra_iterations", "backbone.adapter_alpha", "recipe.dense_targets"):
         assert field in str(e.value)
-    TrialConfig(recipe=RecipeConfig(dense_targets=True, extra_iterations=2),
-                backbone=BackboneConfig(adapter_alpha=0.1)).validate()
+    validate(TrialConfig(recipe=RecipeConfig(dense_targets=True, extra_iterations=2),
+                         backbone=BackboneConfig(adapter_alpha=0.1)))
 
 
 def test_done_targets_supervise_the_queries_only_once_the_task_is_complete():
@@ -170,7 +171,7 @@ def test_attention_window_limits_how_far_one_iteration_moves_information():
     mask = full._positions(full.embed_tokens(ids), 1.0)[1]
     assert full._local(mask, ids[..., None]) is mask  # window 0: the parent's mask (None under SDPA), untouched
     with pytest.raises(ValueError, match="backbone.attention_window"):
-        TrialConfig(backbone=BackboneConfig(attention_window=-1)).validate()
+        validate(TrialConfig(backbone=BackboneConfig(attention_window=-1)))
 
 
 def test_pending_class_supervises_every_position_past_the_frontier():
@@ -190,7 +191,7 @@ def test_pending_class_supervises_every_position_past_the_frontier():
     recipe = RecipeConfig(dense_targets=True, dense_pending=True)
     assert dense_classes(get_task("swap_s5"), recipe) == 121
     with pytest.raises(ValueError, match="recipe.dense_pending"):
-        TrialConfig(recipe=RecipeConfig(dense_pending=True)).validate()
+        validate(TrialConfig(recipe=RecipeConfig(dense_pending=True)))
 
 
 def test_given_prefix_draws_m_per_batch_and_computes_d_more_operations():
@@ -234,7 +235,7 @@ def test_given_prefix_step_reads_the_given_operations_as_state_tokens(monkeypatc
     torch.set_num_threads(1)
     task_cfg = TaskConfig(train_depth=3, given_prefix=2)
     recipe = RecipeConfig(dense_targets=True, dense_pending=True, grad_window=2)
-    TrialConfig(task=task_cfg, recipe=recipe).validate()
+    validate(TrialConfig(task=task_cfg, recipe=recipe))
     task = build_task(task_cfg, train=True)
     torch.manual_seed(0)
     model = build_looped(BackboneConfig(), recipe, vocab_size=task.vocab_size + dense_classes(task, recipe))
@@ -253,9 +254,9 @@ def test_given_prefix_step_reads_the_given_operations_as_state_tokens(monkeypatc
 
 def test_given_prefix_needs_dense_targets():
     with pytest.raises(ValueError, match="task.given_prefix"):
-        TrialConfig(task=TaskConfig(given_prefix=3)).validate()
+        validate(TrialConfig(task=TaskConfig(given_prefix=3)))
     with pytest.raises(ValueError, match="task.given_prefix"):
-        TrialConfig(task=TaskConfig(given_prefix=-1), recipe=RecipeConfig(dense_targets=True)).validate()
+        validate(TrialConfig(task=TaskConfig(given_prefix=-1), recipe=RecipeConfig(dense_targets=True)))
 
 
 def test_fixed_point_loss_covers_exactly_the_tokens_that_hold_or_wait():
@@ -284,7 +285,7 @@ def test_state_change_is_the_relative_change_of_each_token_between_iterations():
     assert (out.state_change_KBT[0] == 0).all() and (out.state_change_KBT[1:] > 0).all()
     assert model.iterate(ep.input_ids, ep.read_positions, 3).state_change_KBT is None
     with pytest.raises(ValueError, match="recipe.fixed_point_weight"):
-        TrialConfig(recipe=RecipeConfig(fixed_point_weight=1.0)).validate()
+        validate(TrialConfig(recipe=RecipeConfig(fixed_point_weight=1.0)))
 
 
 def test_coda_window_limits_what_the_read_out_sees():

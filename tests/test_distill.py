@@ -20,6 +20,7 @@ from par_ray.recipes import RECIPES, apply_recipe
 from par_ray.tasks import build_task, get_task
 from par_ray.train.step import train_step
 from par_ray.train.strategies import World, prepare
+from par_ray.trial import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = TaskConfig(name="s5", train_depth=4)
@@ -29,7 +30,7 @@ TRAIN = TrainConfig(batch_size=4, warmup_steps=0, lr=1e-2)
 def psd_trial(recipe: str = "psd_ema", **train) -> TrialConfig:
     base = TrialConfig(task=TASK, recipe=RecipeConfig(grad_window=3, max_iterations=8),
                        train=dataclasses.replace(TRAIN, **train))
-    return apply_recipe(base, recipe).validate()
+    return validate(apply_recipe(base, recipe))
 
 
 def engine_for(cfg: TrialConfig):
@@ -206,20 +207,20 @@ def test_bad_distill_fields_are_rejected_with_field_and_allowed_values():
     bad = with_overrides(TrialConfig(task=TASK), recipe=dict(distill="teacher", ema_decay=1.0,
                                                              distill_temperature=0.0))
     with pytest.raises(ValueError) as e:
-        bad.validate()
+        validate(bad)
     msg = str(e.value)
     assert "recipe.distill: 'teacher' is not one of ['none', 'ema', 'live']" in msg
     assert "recipe.ema_decay: must be in [0, 1), got 1.0" in msg
     assert "recipe.distill_temperature: must be > 0, got 0.0" in msg
     for decay in (-0.1, 1.5):
         with pytest.raises(ValueError, match=r"recipe.ema_decay: must be in \[0, 1\)"):
-            with_overrides(TrialConfig(), recipe=dict(ema_decay=decay)).validate()
+            validate(with_overrides(TrialConfig(), recipe=dict(ema_decay=decay)))
     with pytest.raises(ValueError, match="recipe.targets: 'progress' with recipe.distill='ema'"):
-        with_overrides(TrialConfig(), recipe=dict(distill="ema")).validate()
+        validate(with_overrides(TrialConfig(), recipe=dict(distill="ema")))
     with pytest.raises(ValueError, match="recipe.distill: task 'reachability' has no serial"):
-        apply_recipe(TrialConfig(task=TaskConfig(name="reachability")), "psd_live").validate()
+        validate(apply_recipe(TrialConfig(task=TaskConfig(name="reachability")), "psd_live"))
     with pytest.raises(ValueError, match="recipe.dense_targets: must be false with recipe.distill"):
-        with_overrides(apply_recipe(TrialConfig(), "psd_ema"), recipe=dict(dense_targets=True)).validate()
+        validate(with_overrides(apply_recipe(TrialConfig(), "psd_ema"), recipe=dict(dense_targets=True)))
 
 
 @pytest.mark.parametrize("train", [dict(strategy="ddp", num_workers=2), dict(strategy="fsdp", num_workers=2),

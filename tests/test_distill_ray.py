@@ -10,6 +10,7 @@ from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, Tr
 from par_ray.recipes import apply_recipe
 from par_ray.train.loop import TIMING_METRICS
 from par_ray.train.trainer import MetricsLog, build_trainer, local_ray
+from par_ray.trial import validate
 
 pytestmark = pytest.mark.ray
 
@@ -28,7 +29,7 @@ def trial(**train) -> TrialConfig:
         eval=EvalConfig(depths=(4, 8), num_sequences=16, batch_size=8),
     )
     # decay 0.5: the teacher moves a lot each step, so a wrong EMA update or a stale gathered shard shows in the loss
-    return with_overrides(apply_recipe(base, "psd_ema"), recipe={"ema_decay": 0.5}).validate()
+    return validate(with_overrides(apply_recipe(base, "psd_ema"), recipe={"ema_decay": 0.5}))
 
 
 @pytest.fixture(scope="module")

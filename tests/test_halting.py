@@ -19,6 +19,7 @@ from par_ray.stages import frozen_parameters
 from par_ray.tasks import build_task, get_task
 from par_ray.train.step import train_step
 from par_ray.train.strategies import World, prepare
+from par_ray.trial import validate
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread per module
@@ -416,10 +417,11 @@ def test_the_loops_evaluation_logs_the_pending_signal_only_with_dense_pending(de
     from par_ray.objectives import dense_class_offset, dense_classes, dense_pending_id
     from par_ray.train.loop import eval_metrics
 
-    cfg = with_overrides(presets.local_trial(), task=dict(train_depth=3),
-                         recipe=dict(halting=True, dense_targets=True, dense_pending=dense_pending, grad_window=2),
-                         train=dict(steps=2, batch_size=4, warmup_steps=1),
-                         eval=dict(depths=(3,), num_sequences=4, batch_size=4)).validate()
+    cfg = validate(with_overrides(presets.local_trial(), task=dict(train_depth=3),
+                                  recipe=dict(halting=True, dense_targets=True, dense_pending=dense_pending,
+                                              grad_window=2),
+                                  train=dict(steps=2, batch_size=4, warmup_steps=1),
+                                  eval=dict(depths=(3,), num_sequences=4, batch_size=4)))
     task = get_task("swap_s5")
     assert (dense_pending_id(task, cfg) is not None) == dense_pending
     if dense_pending:

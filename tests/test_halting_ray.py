@@ -12,6 +12,7 @@ from par_ray.config import EvalConfig, RecipeConfig, StageConfig, TaskConfig, Tr
 from par_ray.recipes import apply_recipe
 from par_ray.train.loop import TIMING_METRICS
 from par_ray.train.trainer import MetricsLog, build_trainer, local_ray
+from par_ray.trial import validate
 
 pytestmark = pytest.mark.ray
 
@@ -29,8 +30,8 @@ def trial(**train) -> TrialConfig:
         eval=EvalConfig(depths=(3, 6), num_sequences=16, batch_size=8),
     )
     cfg = apply_recipe(base, "par_halt_posthoc")
-    return dataclasses.replace(cfg, stages=(StageConfig(), StageConfig(steps=3, recipe="halt_readout",
-                                                                       frozen="all_but_coda"))).validate()
+    return validate(dataclasses.replace(cfg, stages=(StageConfig(), StageConfig(steps=3, recipe="halt_readout",
+                                                                                frozen="all_but_coda"))))
 
 
 @pytest.fixture(scope="module")

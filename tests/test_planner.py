@@ -13,6 +13,7 @@ import pytest
 from par_ray import planner
 from par_ray.model import backbones
 from par_ray.model.backbones import BACKBONES
+from par_ray.trial import validate
 
 REAL = [name for name, spec in BACKBONES.items() if spec.hub_name]
 WORKLOAD = dict(R=32, grad_window=8, micro_batch=4, seq_len=64)
@@ -306,6 +307,6 @@ def test_a_recipe_that_needs_more_memory_gets_more_or_bigger_gpus():
     four_gpu_l40s = presets.fit_parallelism(cot, ("L40S:4", "H100"))
     assert (four_gpu_l40s["train.accelerator_type"], four_gpu_l40s["train.num_workers"]) == ("L40S", 2)
     for choice in (one_gpu_l40s, four_gpu_l40s):
-        assert _fits_its_card(from_flat(choice, base=cot).validate())
+        assert _fits_its_card(validate(from_flat(choice, base=cot)))
     untied = presets.fit_parallelism(apply_recipe(presets.paper_trial("qwen2.5-7b"), "untied"), ("H100",))
     assert untied["train.strategy"] != "deepspeed"  # DeepSpeed cannot train untied copies (config check)

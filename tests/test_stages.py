@@ -13,6 +13,7 @@ from par_ray.recipes import RECIPES, apply_recipe, stage_recipe
 from par_ray.schedules import plan_step, stretch_cap
 from par_ray.stages import resolve_stages, stage_at, uses_halting
 from par_ray.tasks import build_task, get_task
+from par_ray.trial import validate
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread per module
@@ -35,7 +36,7 @@ def test_default_is_one_stage_of_the_trial_recipe():
 
 
 def test_stage_bounds_and_pure_step_mapping():
-    cfg = apply_recipe(_trial(steps=20), "par_halt_posthoc").validate()
+    cfg = validate(apply_recipe(_trial(steps=20), "par_halt_posthoc"))
     a, b = resolve_stages(cfg)
     assert (a.start, a.end, b.start, b.end) == (0, 18, 18, 20) and b.frozen == "all_but_coda"
     assert not a.recipe.halting and b.recipe.halting and uses_halting(cfg)
@@ -49,20 +50,20 @@ def test_stage_bounds_and_pure_step_mapping():
 
 
 def test_explicit_stage_steps_and_a_middle_rest_stage():
-    cfg = _trial(steps=10, stages=(StageConfig(steps=3), StageConfig(steps=0, recipe="stretch_ramp"),
-                                   StageConfig(steps=2, recipe="par"))).validate()
+    cfg = validate(_trial(steps=10, stages=(StageConfig(steps=3), StageConfig(steps=0, recipe="stretch_ramp"),
+                                            StageConfig(steps=2, recipe="par"))))
     assert [(s.start, s.end) for s in resolve_stages(cfg)] == [(0, 3), (3, 8), (8, 10)]
     assert resolve_stages(cfg)[1].recipe.stretch_ramp
 
 
 def test_stage_recipe_of_the_shipped_staged_recipes():
-    cfg = apply_recipe(_trial(steps=100), "stretch").validate()
+    cfg = validate(apply_recipe(_trial(steps=100), "stretch"))
     assert cfg.recipe.name == "stretch" and cfg.recipe.stretch_max == 1.0  # no stretch before the stage
     r = stage_recipe(cfg, cfg.stages[1])
     assert (r.stretch_max, r.stretch_ramp) == (8.0, True)
     assert [(s.start, s.end) for s in resolve_stages(cfg)] == [(0, 90), (90, 100)]
     # the fine-tuning stage is a share of train.steps, so train.steps set after the recipe (--steps) still works
-    short = with_overrides(cfg, train={"steps": 7}).validate()
+    short = validate(with_overrides(cfg, train={"steps": 7}))
     assert [(s.start, s.end) for s in resolve_stages(short)] == [(0, 6), (6, 7)]
 
 
@@ -153,7 +154,7 @@ def test_stretch_multiplies_position_ids_and_changes_nothing_else():
 ])
 def test_each_bad_value_is_one_clear_error(cfg, field):
     with pytest.raises(ValueError) as e:
-        cfg.validate()
+        validate(cfg)
     lines = str(e.value).splitlines()[1:]
     assert len(lines) == 1, lines
     assert lines[0].strip().startswith(f"- {field}:"), lines[0]
@@ -161,12 +162,12 @@ def test_each_bad_value_is_one_clear_error(cfg, field):
 
 def test_unknown_stage_recipe_lists_allowed_values():
     with pytest.raises(ValueError, match=r"stages\[0\]\.recipe: 'magic' is not one of \['', 'par'"):
-        _trial(stages=(StageConfig(recipe="magic"),)).validate()
+        validate(_trial(stages=(StageConfig(recipe="magic"),)))
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_every_recipe_validates_with_stages_under_fsdp(recipe):
-    cfg = apply_recipe(_trial(steps=40, train={"steps": 40, "strategy": "fsdp"}), recipe).validate()
+    cfg = validate(apply_recipe(_trial(steps=40, train={"steps": 40, "strategy": "fsdp"}), recipe))
     assert sum(s.end - s.start for s in resolve_stages(cfg)) == 40
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from par_ray import presets, sweep
 from par_ray.sweep import Options, Search, SweepConfigError, SweepSpec, trial_label
+from par_ray.trial import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((ROOT / "sweeps").glob("*.py"))
@@ -40,7 +41,7 @@ def test_every_shipped_sweep_builds_and_validates(path, preset, smoke):
         pytest.skip(f"recipes {missing} are not in par_ray.recipes.RECIPES on this branch (the baselines branch adds "
                     f"them); test_main_results_* cover this sweep with the recipes that exist")
     plan = sweep.build_plan(spec, Options(preset=preset, smoke_test=smoke), preset)
-    assert plan.trials and all(cfg.validate() for _, cfg in plan.trials)
+    assert plan.trials and all(validate(cfg) for _, cfg in plan.trials)
     names = {cfg.recipe.name for _, cfg in plan.trials}
     cells = sweep.cells_of(spec, preset)
     # every recipe the spec lists runs, unless this preset's cells pick the recipes (then exactly those)
@@ -390,9 +391,9 @@ def test_checkpoint_retention_is_a_validated_config_field():
     from par_ray.train.trainer import build_trainer
 
     cfg = from_flat({"train.keep_checkpoints": 3}, base=TrialConfig())
-    assert cfg.validate().train.keep_checkpoints == 3 and TrialConfig().train.keep_checkpoints == 2
+    assert validate(cfg).train.keep_checkpoints == 3 and TrialConfig().train.keep_checkpoints == 2
     with pytest.raises(ValueError, match=r"train\.keep_checkpoints: must be >= 1, got 0"):
-        from_flat({"train.keep_checkpoints": 0}, base=TrialConfig()).validate()
+        validate(from_flat({"train.keep_checkpoints": 0}, base=TrialConfig()))
     keep = build_trainer(cfg, "x", "/tmp/unused").run_config.checkpoint_config
     assert (keep.num_to_keep, keep.checkpoint_score_attribute) == (3, None)  # a grid: the latest 3
     best = build_trainer(cfg, "x", "/tmp/unused", checkpoint_score=("G", "max")).run_config.checkpoint_config

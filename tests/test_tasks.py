@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from par_ray.tasks import PAPER_DEPTHS, TASKS, Episode, Task, get_task
+from par_ray.trial import validate
 
 NAMES = ("swap_s5", "s5", "a5")
 """The permutation word problems (permutations.py)."""
@@ -293,10 +294,10 @@ def test_paper_depths_and_presets(name):
     assert 1 <= depths.min_train_depth <= depths.train_depth == depths.test_depths[0] and depths.source
     assert list(depths.test_depths) == sorted(set(depths.test_depths))
     assert TASKS[name].max_depth is None or depths.test_depths[-1] <= TASKS[name].max_depth
-    cfg = presets.paper_trial("qwen2.5-0.5b", name).validate()
+    cfg = validate(presets.paper_trial("qwen2.5-0.5b", name))
     assert (cfg.task.train_depth, cfg.task.min_train_depth, cfg.eval.depths) == (
         depths.train_depth, depths.min_train_depth, depths.test_depths)
-    presets.local_trial("tiny-qwen2", name).validate()
+    validate(presets.local_trial("tiny-qwen2", name))
     TASKS[name].sample(depths.test_depths[-1], 2, seed=0)  # the deepest test depth can be generated
 
 

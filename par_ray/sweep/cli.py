@@ -11,7 +11,7 @@ import typing
 
 from par_ray import presets
 from par_ray.model.registry import BACKBONES
-from par_ray.planner import GPU_MEMORY_GB
+from par_ray.accelerators import GPU_MEMORY_GB
 from par_ray.sweep.run import run_sweep
 from par_ray.sweep.spec import DEFAULT_STORAGE, PRESET_CHOICES, Options, SweepConfigError, SweepSpec
 

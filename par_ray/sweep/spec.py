@@ -16,6 +16,7 @@ from par_ray import presets
 from par_ray.config import TrialConfig, flat_value, from_flat
 from par_ray.model.registry import BACKBONES
 from par_ray.recipes import RECIPES, apply_recipe
+from par_ray.trial import validate
 
 PRESET_CHOICES = ("auto", "local", "paper")
 DEFAULT_STORAGE = "runs/{name}"
@@ -228,7 +229,7 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
         for variant in variants:
             params = {**fixed, **point, **variant}
             try:
-                cfg = resolve(params, spec.extra_recipes).validate()
+                cfg = validate(resolve(params, spec.extra_recipes))
             except ValueError as e:
                 where = ", ".join(f"{k}={v}" for k, v in {**point, **variant}.items())
                 errs.append(f"trial ({where}): {e}")

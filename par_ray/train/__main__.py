@@ -22,6 +22,7 @@ from par_ray import presets
 from par_ray.config import from_flat, to_flat
 from par_ray.evaluation import Extrapolation, format_G
 from par_ray.recipes import apply_recipe
+from par_ray.trial import validate
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -98,7 +99,7 @@ def config_from_args(args):
         if not sep:
             raise ValueError(f"--set: expected SECTION.FIELD=VALUE, got {item!r}")
         flat[key.strip()] = value.strip()
-    return from_flat(flat, base=cfg).validate()
+    return validate(from_flat(flat, base=cfg))
 
 
 def check_out_dir(out: str, flat: dict) -> None:

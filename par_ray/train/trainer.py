@@ -20,6 +20,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from par_ray.config import TrialConfig, to_flat
 from par_ray.train.loop import RESUME_FREE_FIELDS, train_loop_per_worker
+from par_ray.trial import validate
 
 
 @contextlib.contextmanager
@@ -177,7 +178,7 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
     Raises:
         ValueError: an invalid ``cfg``, or fault injection this run cannot honour (:func:`fault_injection_errors`).
     """
-    cfg.validate()
+    validate(cfg)
     errs = fault_injection_errors(cfg, local)
     if errs:
         raise ValueError("invalid trial config:\n  - " + "\n  - ".join(errs))
