@@ -109,12 +109,12 @@ import typing
 from dataclasses import dataclass
 
 from par_ray.accelerators import GPU_MEMORY_GB  # re-exported: GPU type -> GB, beside the plans that use it
+from par_ray.config import STRATEGIES
 from par_ray.model.registry import BACKBONES
 
 if typing.TYPE_CHECKING:
     from par_ray.config import TrialConfig
 
-STRATEGIES = ("ddp", "fsdp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
 DTYPES = ("bf16", "fp32")
 GPU_SIZES_GB = (80, 141)

@@ -18,7 +18,8 @@ from par_ray.model.looped import build_looped
 from par_ray.tasks import build_task
 from par_ray.train.step import train_step
 from par_ray.train import strategies
-from par_ray.train.strategies import ADAM_BETAS, STRATEGIES, World, deepspeed_config, lr_lambda, prepare
+from par_ray.train.optim import ADAM_BETAS, lr_lambda
+from par_ray.train.strategies import STRATEGY_WRAPPERS, World, deepspeed_config, prepare
 
 TASK = TaskConfig(train_depth=4)
 RECIPE = RecipeConfig(grad_window=2, max_iterations=8)
@@ -66,7 +67,7 @@ def test_deepspeed_config_follows_train_config(stage, offload):
 def test_unknown_strategy_names_the_field():
     with pytest.raises(ValueError, match="train.strategy"):
         prepare(torch.nn.Linear(1, 1), dataclasses.replace(TRAIN, strategy="horovod"), World())
-    assert set(STRATEGIES) == {"ddp", "fsdp", "deepspeed"}
+    assert set(STRATEGY_WRAPPERS) == {"ddp", "fsdp", "deepspeed"}
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

@@ -1,25 +1,29 @@
-"""Load the model of any run's checkpoint or final export on one process, without a GPU or a process group.
+"""Checkpoints of every strategy: what each writes, how it reads back into training, and how any of them loads as a
+plain model on one process, without a GPU or a process group.
 
     from par_ray.model import load_trained
     trained = load_trained("runs/x")          # a run directory (its final/), or any checkpoint directory
     trained.model(input_ids_BT, read_positions_Q, R, read="last")
 
-A checkpoint directory is what ``Engine.save`` writes, in its strategy's format (``par_ray.train.strategies``), plus
-``extra.json`` with the step and the flat config that trained it. Each format is read back into a full, unsharded
-float32 state dict of the plain ``LoopedLM``:
+A checkpoint is a directory per report. Each strategy's engine (``par_ray.train.strategies``) names its format
+(``Engine.checkpoint``, one of :data:`FORMATS`); ``Engine.save`` / ``Engine.load`` call that format's functions here,
+on every rank. Rank 0 writes ``extra.json`` (:data:`EXTRA_FILE`: the loop's step, time and flat config) for every
+format. Every rank reports its own directory; Ray Train V2 merges them into one checkpoint (file names never collide:
+DCP and DeepSpeed name files by rank, and only rank 0 writes the rest).
 
-=========  =====================================  ============================================================
-strategy   files                                  read with
-=========  =====================================  ============================================================
-ddp        ``state.pt`` (rank 0's full copy)      ``torch.load``
-fsdp       ``.metadata`` + ``__{rank}_0.distcp``  ``torch.distributed.checkpoint.load`` without a process group
-                                                  (DCP's single-process mode gathers every rank's shards)
-deepspeed  ``ds/`` + ``latest`` (ZeRO 1/2/3)      DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint``,
-                                                  which merges every rank's fp32 partitions on the CPU
-=========  =====================================  ============================================================
+- ddp (:data:`FULL_STATE`): rank 0 writes ``state.pt``, one full copy of model, optimizer and scheduler (+
+  ``"ema"``); every rank resumes from it; read as a plain model with ``torch.load``.
+- fsdp (:data:`DCP_SHARDS`): torch.distributed.checkpoint, every rank its shards ``__{rank}_0.distcp`` (model,
+  optimizer named by FQN, ``"ema"``), rank 0 ``.metadata`` and ``scheduler.pt``; resumes on any world size (DCP
+  reshards); read as a plain model with ``dcp.load`` without a process group (DCP's single-process mode gathers
+  every rank's shards).
+- deepspeed (:data:`ZERO_PARTITIONS`): DeepSpeed's ``save_checkpoint`` under ``ds/`` + ``latest`` (ZeRO 1/2/3
+  partitions per rank, module states), rank 0 ``ema.pt``; resumes on the same world size; read as a plain model
+  with DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint``, which merges every rank's fp32 partitions on the
+  CPU.
 
-The format is recognised by its files, so a directory needs no other label; the config comes from ``extra.json``
-(or, for exports that predate it, the run's ``result.json``).
+The format is recognised by its files (:func:`checkpoint_format`), so a directory needs no other label; the config
+comes from ``extra.json`` (or, for exports that predate it, the run's ``result.json``).
 """
 
 from __future__ import annotations
@@ -27,13 +31,194 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from par_ray.config import TrialConfig, from_flat
 
+EXTRA_FILE = "extra.json"
+"""The loop's bookkeeping (step, time, flat config), JSON, written by rank 0 beside every format's state."""
+STATE_FILE = "state.pt"
+"""ddp: rank 0's full copy (``{"model", "optimizer", "scheduler"[, "ema"]}``)."""
+DCP_METADATA = ".metadata"
+"""fsdp: the DCP checkpoint's metadata file (rank 0); the shards are ``__{rank}_0.distcp``."""
+SCHEDULER_FILE = "scheduler.pt"
+"""fsdp: the LR scheduler's state (rank 0; DCP holds model, optimizer and EMA shards)."""
 DEEPSPEED_TAG = "ds"
-"""The tag ``DeepSpeedEngine.save`` writes under (``par_ray.train.strategies``)."""
+"""deepspeed: the tag ``save_checkpoint`` writes under (a directory of that name)."""
+DEEPSPEED_LATEST = "latest"
+"""deepspeed: the file naming the newest tag."""
+EMA_FILE = "ema.pt"
+"""deepspeed: rank 0's full copy of the EMA teacher (not partitioned under ZeRO)."""
+RESULT_FILE = "result.json"
+"""``python -m par_ray.train``'s result beside ``final/`` (the config of exports older than ``extra.json``'s)."""
+
+
+def write_extra(directory: str, extra: dict, rank: int) -> None:
+    """Rank 0 writes the loop's bookkeeping (``extra``, JSON) beside the strategy's state."""
+    if rank == 0:
+        with open(os.path.join(directory, EXTRA_FILE), "w") as f:
+            json.dump(extra, f)
+
+
+def read_extra(directory: str) -> dict:
+    """The ``extra`` dict :func:`write_extra` stored in ``directory``."""
+    with open(os.path.join(directory, EXTRA_FILE)) as f:
+        return json.load(f)
+
+
+def _ema_state(state: dict | None, directory: str) -> dict:
+    """The checkpoint's EMA teacher state; ``ValueError`` when a run with an EMA teacher resumes one without it."""
+    if state is None:
+        raise ValueError(f"{directory}: the checkpoint holds no EMA teacher, but this run distills from one "
+                         f"(recipe.distill='ema'); resume it under the config that wrote it")
+    return state
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# ddp: one full copy. ``engine``: a ``par_ray.train.strategies.Engine`` (raw, optimizer, scheduler, ema, world).
+
+
+def save_full_state(engine, directory: str, extra: dict) -> None:
+    """Write model + optimizer + scheduler state (+ EMA teacher) and ``extra`` into ``directory``; rank 0 only
+    (DDP replicas are identical: one full copy is the checkpoint). Called on every rank."""
+    if engine.world.rank == 0:
+        state = {"model": engine.raw.state_dict(), "optimizer": engine.optimizer.state_dict(),
+                 "scheduler": engine.scheduler.state_dict()}
+        if engine.ema is not None:
+            state["ema"] = engine.ema.state_dict()
+        torch.save(state, os.path.join(directory, STATE_FILE))
+    write_extra(directory, extra, engine.world.rank)
+
+
+def load_full_state(engine, directory: str) -> dict:
+    """Restore what :func:`save_full_state` wrote (every rank reads the full copy); returns ``extra``."""
+    state = torch.load(os.path.join(directory, STATE_FILE), map_location=engine.device, weights_only=True)
+    engine.raw.load_state_dict(state["model"])
+    engine.optimizer.load_state_dict(state["optimizer"])
+    engine.scheduler.load_state_dict(state["scheduler"])
+    if engine.ema is not None:
+        engine.ema.load_state_dict(_ema_state(state.get("ema"), directory))
+    return read_extra(directory)
+
+
+def _full_state_model(directory: str, template: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return torch.load(os.path.join(directory, STATE_FILE), map_location="cpu", weights_only=True)["model"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# fsdp: torch.distributed.checkpoint (DCP) shards
+
+
+def save_dcp(engine, directory: str, extra: dict) -> None:
+    """Every rank writes its own shards (``__{rank}_0.distcp``); rank 0 the ``.metadata``, scheduler and extra.
+
+    ``get_state_dict`` names optimizer state by parameter FQN (not id), which is what lets :func:`load_dcp` reshard
+    onto another world size.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    if engine.ema is not None:  # the EMA teacher's shards, in the same DCP checkpoint
+        state["ema"] = get_model_state_dict(engine.ema)
+    dcp.save(state, checkpoint_id=directory)
+    if engine.world.rank == 0:
+        torch.save(engine.scheduler.state_dict(), os.path.join(directory, SCHEDULER_FILE))
+    write_extra(directory, extra, engine.world.rank)
+
+
+def load_dcp(engine, directory: str) -> dict:
+    """Load into this run's sharding, whatever the world size that wrote the checkpoint (DCP reshards); returns
+    ``extra``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                         set_model_state_dict, set_state_dict)
+
+    model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)  # templates in this run's sharding
+    state = {"model": model_sd, "optimizer": optim_sd}
+    if engine.ema is not None:
+        state["ema"] = get_model_state_dict(engine.ema)
+    dcp.load(state, checkpoint_id=directory)
+    set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    if engine.ema is not None:
+        set_model_state_dict(engine.ema, state["ema"])
+    engine.scheduler.load_state_dict(torch.load(os.path.join(directory, SCHEDULER_FILE), weights_only=True))
+    return read_extra(directory)
+
+
+def _dcp_model(directory: str, template: torch.nn.Module) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    # The optimizer state in the same checkpoint is not requested, hence a partial load.
+    state = {"model": {k: v.detach().clone() for k, v in template.state_dict().items()}}
+    dcp.load(state, checkpoint_id=directory, planner=DefaultLoadPlanner(allow_partial_load=True))
+    return state["model"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# deepspeed: DeepSpeed's own checkpoints (ZeRO partitions per rank)
+
+
+def save_zero(engine, directory: str, extra: dict) -> None:
+    """``save_checkpoint`` on every rank: rank r writes its ZeRO partitions (``zero_pp_rank_{r}_*``), rank 0 the
+    module states (ZeRO 1/2) and the ``latest`` tag. Resuming needs the same world size (DeepSpeed's own
+    checkpoints; its universal-checkpoint conversion is not wired in here). Rank 0 also writes the EMA teacher's
+    full copy, ``ema.pt``. ``engine.model``: the ``deepspeed.DeepSpeedEngine``."""
+    engine.model.save_checkpoint(directory, tag=DEEPSPEED_TAG)
+    if engine.ema is not None and engine.world.rank == 0:
+        torch.save(engine.ema.state_dict(), os.path.join(directory, EMA_FILE))
+    write_extra(directory, extra, engine.world.rank)
+
+
+def load_zero(engine, directory: str) -> dict:
+    """Restore what :func:`save_zero` wrote (model, optimizer and LR scheduler states; EMA teacher); returns
+    ``extra``. Raises ``FileNotFoundError`` when ``directory`` holds no DeepSpeed checkpoint."""
+    path, _ = engine.model.load_checkpoint(directory, tag=DEEPSPEED_TAG, load_optimizer_states=True,
+                                           load_lr_scheduler_states=True)
+    if path is None:
+        raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
+    if engine.ema is not None:
+        file = os.path.join(directory, EMA_FILE)
+        state = torch.load(file, map_location=engine.device, weights_only=True) if os.path.isfile(file) else None
+        engine.ema.load_state_dict(_ema_state(state, directory))
+    return read_extra(directory)
+
+
+def _zero_model(directory: str, template: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(directory, tag=DEEPSPEED_TAG)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointFormat:
+    """One strategy's checkpoint format: how it is saved, resumed and read as a plain model (module docstring)."""
+
+    name: str
+    """The strategy that writes it: ``ddp``, ``fsdp`` or ``deepspeed``."""
+    save: Callable[..., None]
+    """``(engine, directory, extra) -> None``, called on every rank."""
+    load: Callable[..., dict]
+    """``(engine, directory) -> extra``, called on every rank, into the engine's own sharding."""
+    model_state: Callable[[str, torch.nn.Module], dict]
+    """``(directory, template) -> full float32 model state dict`` on one process (:func:`model_state_dict`)."""
+    marker: str
+    """The file or directory whose presence identifies the format (:func:`checkpoint_format`)."""
+
+
+FULL_STATE = CheckpointFormat("ddp", save_full_state, load_full_state, _full_state_model, STATE_FILE)
+DCP_SHARDS = CheckpointFormat("fsdp", save_dcp, load_dcp, _dcp_model, DCP_METADATA)
+ZERO_PARTITIONS = CheckpointFormat("deepspeed", save_zero, load_zero, _zero_model, DEEPSPEED_TAG)
+
+FORMATS: dict[str, CheckpointFormat] = {f.name: f for f in (FULL_STATE, DCP_SHARDS, ZERO_PARTITIONS)}
+"""Strategy name → its checkpoint format."""
 
 
 @dataclass
@@ -53,14 +238,15 @@ class Trained:
 def checkpoint_format(directory: str) -> str:
     """``ddp``, ``fsdp`` or ``deepspeed`` from the files in ``directory``; ``FileNotFoundError`` naming what was
     looked for when it holds none of them."""
-    if os.path.isfile(os.path.join(directory, "state.pt")):
-        return "ddp"
-    if os.path.isfile(os.path.join(directory, ".metadata")):
-        return "fsdp"
-    if os.path.isdir(os.path.join(directory, DEEPSPEED_TAG)) or os.path.isfile(os.path.join(directory, "latest")):
-        return "deepspeed"
-    raise FileNotFoundError(f"{directory}: no model checkpoint here (looked for state.pt (ddp), .metadata (fsdp DCP) "
-                            f"and {DEEPSPEED_TAG}/ (DeepSpeed ZeRO))")
+    if os.path.isfile(os.path.join(directory, STATE_FILE)):
+        return FULL_STATE.name
+    if os.path.isfile(os.path.join(directory, DCP_METADATA)):
+        return DCP_SHARDS.name
+    if (os.path.isdir(os.path.join(directory, DEEPSPEED_TAG))
+            or os.path.isfile(os.path.join(directory, DEEPSPEED_LATEST))):
+        return ZERO_PARTITIONS.name
+    raise FileNotFoundError(f"{directory}: no model checkpoint here (looked for {STATE_FILE} (ddp), {DCP_METADATA} "
+                            f"(fsdp DCP) and {DEEPSPEED_TAG}/ (DeepSpeed ZeRO))")
 
 
 def resolve_checkpoint_dir(path: str) -> str:
@@ -77,13 +263,11 @@ def resolve_checkpoint_dir(path: str) -> str:
 
 def stored_config(directory: str) -> TrialConfig:
     """The config saved with a checkpoint (``extra.json``), else the run's ``result.json`` beside ``final/``."""
-    extra = os.path.join(directory, "extra.json")
-    if os.path.isfile(extra):
-        with open(extra) as f:
-            flat = json.load(f).get("config")
+    if os.path.isfile(os.path.join(directory, EXTRA_FILE)):
+        flat = read_extra(directory).get("config")
         if flat:
             return from_flat(flat)
-    result = os.path.join(os.path.dirname(os.path.abspath(directory)), "result.json")
+    result = os.path.join(os.path.dirname(os.path.abspath(directory)), RESULT_FILE)
     if os.path.isfile(result):
         with open(result) as f:
             return from_flat(json.load(f)["config"])
@@ -98,20 +282,7 @@ def model_state_dict(directory: str, template: torch.nn.Module) -> dict[str, tor
     Raises:
         FileNotFoundError: ``directory`` holds no known format.
     """
-    fmt = checkpoint_format(directory)
-    if fmt == "ddp":
-        return torch.load(os.path.join(directory, "state.pt"), map_location="cpu", weights_only=True)["model"]
-    if fmt == "fsdp":
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint import DefaultLoadPlanner
-
-        # The optimizer state in the same checkpoint is not requested, hence a partial load.
-        state = {"model": {k: v.detach().clone() for k, v in template.state_dict().items()}}
-        dcp.load(state, checkpoint_id=directory, planner=DefaultLoadPlanner(allow_partial_load=True))
-        return state["model"]
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    return get_fp32_state_dict_from_zero_checkpoint(directory, tag=DEEPSPEED_TAG)
+    return FORMATS[checkpoint_format(directory)].model_state(directory, template)
 
 
 def load_trained(path: str) -> Trained:
@@ -145,9 +316,8 @@ def load_trained(path: str) -> Trained:
     model.load_state_dict(state, strict=True)
     model.eval()
     step = -1
-    if os.path.isfile(os.path.join(directory, "extra.json")):
-        with open(os.path.join(directory, "extra.json")) as f:
-            step = int(json.load(f).get("step", -1))
+    if os.path.isfile(os.path.join(directory, EXTRA_FILE)):
+        step = int(read_extra(directory).get("step", -1))
     return Trained(model=model, config=cfg, step=step, format=checkpoint_format(directory))
 
 

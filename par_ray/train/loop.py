@@ -47,7 +47,8 @@ from par_ray.tasks import build_task
 from par_ray.schedules import stretch_cap
 from par_ray.stages import frozen_parameters, resolve_stages, stage_at, uses_halting
 from par_ray.train.step import train_step
-from par_ray.train.strategies import World, prepare, read_extra
+from par_ray.train.checkpoint import read_extra
+from par_ray.train.strategies import World, prepare
 
 RESUME_FREE_FIELDS = frozenset({"train.num_workers", "train.accelerator_type", "train.threads_per_worker",
                                 "train.fail_at_step", "train.collective_timeout_s", "train.compile"})

@@ -8,22 +8,22 @@ With ``train.compile``, :func:`prepare` first compiles the decoder layers (:func
 compiles its blocks before FSDP.
 
 =========  ===================================================  ==========================================
-strategy   wrapping                                             checkpoint (a directory per report)
+strategy   wrapping                                             checkpoint format (``par_ray.train.checkpoint``)
 =========  ===================================================  ==========================================
-ddp        ``DistributedDataParallel`` (plain module on 1 rank)  rank 0: full ``state.pt``
-fsdp       FSDP2 ``fully_shard`` per decoder layer, adapter,    torch.distributed.checkpoint: every rank
-           embeddings, root                                     writes its shards; loads on any world size
-deepspeed  ``deepspeed.initialize`` with ZeRO 1/2/3 (+ CPU      every rank: ``save_checkpoint`` (ZeRO
-           offload of the optimizer) from ``TrainConfig``       partitions); same world size to resume
+ddp        ``DistributedDataParallel`` (plain module on 1 rank)  ``FULL_STATE``: rank 0's full copy
+fsdp       FSDP2 ``fully_shard`` per decoder layer, adapter,    ``DCP_SHARDS``: every rank its shards;
+           embeddings, root                                     loads on any world size
+deepspeed  ``deepspeed.initialize`` with ZeRO 1/2/3 (+ CPU      ``ZERO_PARTITIONS``: DeepSpeed's own
+           offload of the optimizer) from ``TrainConfig``       checkpoints; same world size to resume
 =========  ===================================================  ==========================================
 
-Every rank reports its own checkpoint directory; Ray Train V2 merges them into one checkpoint (file names never
-collide: DCP and DeepSpeed name files by rank, and only rank 0 writes the rest). ``extra.json`` (step, time) is
-written by rank 0 for every strategy.
+The optimizer and LR schedule (AdamW, warm-up + cosine) come from ``par_ray.train.optim``; each engine names its
+checkpoint format (``Engine.checkpoint``), whose files and save/load code live in ``par_ray.train.checkpoint``.
 
 EMA teacher (prefix self-distillation, ``par_ray.distill``): with ``prepare(..., ema=True)`` the engine also holds
 ``engine.ema``, a float32 copy of the student made before wrapping and kept outside the wrapper (no gradients, not in
-the optimizer), updated after every optimizer step by ``engine.update_ema(decay)`` and saved in every checkpoint:
+the optimizer), updated after every optimizer step by ``engine.update_ema(decay)`` and saved in every checkpoint
+(``par_ray.train.checkpoint``):
 
 =========  ======================================================  =============================================
 strategy   EMA teacher                                             in the checkpoint
@@ -45,8 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
-import math
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -56,9 +54,8 @@ import torch.distributed as dist
 from torch import nn
 
 from par_ray.distill import Teacher, ema_update_
-
-ADAM_BETAS = (0.9, 0.95)
-ADAM_EPS = 1e-8
+from par_ray.train.checkpoint import DCP_SHARDS, FULL_STATE, ZERO_PARTITIONS, CheckpointFormat
+from par_ray.train.optim import ADAM_BETAS, adamw_params, build_optimizer, build_scheduler
 
 
 @dataclass(frozen=True)
@@ -80,40 +77,6 @@ class World:
         return dist.is_available() and dist.is_initialized()
 
 
-def lr_lambda(train_cfg) -> Callable[[int], float]:
-    """Linear warm-up over ``warmup_steps``, then cosine decay to 10 % of the peak by ``steps``."""
-    warm, total = train_cfg.warmup_steps, train_cfg.steps
-
-    def f(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        progress = min(1.0, (step - warm) / max(1, total - warm))
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return f
-
-
-def _scheduler(optimizer, train_cfg) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train_cfg))
-
-
-def _adamw(params, train_cfg) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, betas=ADAM_BETAS,
-                             eps=ADAM_EPS)
-
-
-def write_extra(directory: str, extra: dict, world: World) -> None:
-    """Rank 0 writes the loop's bookkeeping (``extra``, JSON) beside the strategy's state."""
-    if world.rank == 0:
-        with open(os.path.join(directory, "extra.json"), "w") as f:
-            json.dump(extra, f)
-
-
-def read_extra(directory: str) -> dict:
-    with open(os.path.join(directory, "extra.json")) as f:
-        return json.load(f)
-
-
 class Engine:
     """A prepared model and its optimizer: what the loop drives, whatever the strategy.
 
@@ -127,7 +90,11 @@ class Engine:
         device: where inputs go.
         ema: the EMA teacher of prefix self-distillation (float32, outside the wrapper; module docstring), or
             ``None`` when the engine was prepared without one.
+        checkpoint: the strategy's checkpoint format (``par_ray.train.checkpoint``): what :meth:`save` writes and
+            :meth:`load` reads.
     """
+
+    checkpoint: CheckpointFormat = FULL_STATE
 
     def __init__(self, model: nn.Module, raw: nn.Module, optimizer, scheduler, train_cfg, world: World,
                  ema: nn.Module | None = None):
@@ -209,34 +176,15 @@ class Engine:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
-    # Checkpoints: a directory per report; which ranks write what is the strategy's business.
+    # Checkpoints: a directory per report, in this strategy's format (par_ray.train.checkpoint).
     def save(self, directory: str, extra: dict) -> None:
-        """Write model + optimizer + scheduler state and ``extra`` (JSON) into ``directory``. Called on every rank."""
-        if self.world.rank == 0:  # DDP replicas are identical: one full copy is the checkpoint
-            state = {"model": self.raw.state_dict(), "optimizer": self.optimizer.state_dict(),
-                     "scheduler": self.scheduler.state_dict()}
-            if self.ema is not None:
-                state["ema"] = self.ema.state_dict()
-            torch.save(state, os.path.join(directory, "state.pt"))
-        write_extra(directory, extra, self.world)
+        """Write model + optimizer + scheduler state (+ EMA teacher) and ``extra`` (JSON) into ``directory`` in
+        :attr:`checkpoint`'s format. Called on every rank."""
+        self.checkpoint.save(self, directory, extra)
 
     def load(self, directory: str) -> dict:
-        """Restore what :meth:`save` wrote (every rank reads the full copy); returns ``extra``."""
-        state = torch.load(os.path.join(directory, "state.pt"), map_location=self.device, weights_only=True)
-        self.raw.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.ema is not None:
-            self.ema.load_state_dict(_ema_state(state.get("ema"), directory))
-        return read_extra(directory)
-
-
-def _ema_state(state: dict | None, directory: str) -> dict:
-    """The checkpoint's EMA teacher state; ``ValueError`` when a run with an EMA teacher resumes one without it."""
-    if state is None:
-        raise ValueError(f"{directory}: the checkpoint holds no EMA teacher, but this run distills from one "
-                         f"(recipe.distill='ema'); resume it under the config that wrote it")
-    return state
+        """Restore what :meth:`save` wrote, into this engine's sharding; returns ``extra``."""
+        return self.checkpoint.load(self, directory)
 
 
 def _ema_copy(model: nn.Module, train_cfg) -> nn.Module:
@@ -304,8 +252,8 @@ def ddp(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine:
             model, device_ids=[world.device.index] if world.device.type == "cuda" else None,
             find_unused_parameters=not getattr(model, "tied", True),
         )
-    opt = _adamw(model.parameters(), train_cfg)
-    return Engine(wrapped, model, opt, _scheduler(opt, train_cfg), train_cfg, world, teacher)
+    opt = build_optimizer(model.parameters(), train_cfg)
+    return Engine(wrapped, model, opt, build_scheduler(opt, train_cfg), train_cfg, world, teacher)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -315,44 +263,11 @@ def ddp(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine:
 class FSDPEngine(Engine):
     """FSDP2 parameters are DTensor shards: the gradient norm is a DTensor, checkpoints are sharded (DCP)."""
 
+    checkpoint = DCP_SHARDS
+
     def _clip(self) -> torch.Tensor:
         norm = super()._clip()  # clip_grad_norm_ over DTensor shards: a DTensor holding the global norm
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-
-    def save(self, directory: str, extra: dict) -> None:
-        """Every rank writes its own shards (``__{rank}_0.distcp``); rank 0 the ``.metadata``, scheduler and extra.
-
-        ``get_state_dict`` names optimizer state by parameter FQN (not id), which is what lets :meth:`load` reshard
-        onto another world size.
-        """
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optimizer": optim_sd}
-        if self.ema is not None:  # the EMA teacher's shards, in the same DCP checkpoint
-            state["ema"] = get_model_state_dict(self.ema)
-        dcp.save(state, checkpoint_id=directory)
-        if self.world.rank == 0:
-            torch.save(self.scheduler.state_dict(), os.path.join(directory, "scheduler.pt"))
-        write_extra(directory, extra, self.world)
-
-    def load(self, directory: str) -> dict:
-        """Load into this run's sharding, whatever the world size that wrote the checkpoint (DCP reshards)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
-                                                             set_model_state_dict, set_state_dict)
-
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)  # templates in this run's sharding
-        state = {"model": model_sd, "optimizer": optim_sd}
-        if self.ema is not None:
-            state["ema"] = get_model_state_dict(self.ema)
-        dcp.load(state, checkpoint_id=directory)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-        if self.ema is not None:
-            set_model_state_dict(self.ema, state["ema"])
-        self.scheduler.load_state_dict(torch.load(os.path.join(directory, "scheduler.pt"), weights_only=True))
-        return read_extra(directory)
 
 
 def fsdp(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine:
@@ -415,8 +330,8 @@ def fsdp(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine
         shard_units(model, keep_reused=True)
         if teacher is not None:
             shard_units(teacher, keep_reused=False)
-    opt = _adamw(model.parameters(), train_cfg)  # after fully_shard: the optimizer holds the DTensor shards
-    return FSDPEngine(model, model, opt, _scheduler(opt, train_cfg), train_cfg, world, teacher)
+    opt = build_optimizer(model.parameters(), train_cfg)  # after fully_shard: the optimizer holds the DTensor shards
+    return FSDPEngine(model, model, opt, build_scheduler(opt, train_cfg), train_cfg, world, teacher)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -426,6 +341,8 @@ def fsdp(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine
 class DeepSpeedEngine(Engine):
     """DeepSpeed owns backward (loss scaling, ZeRO gradient partitioning), the step (clip, optimizer, LR schedule)
     and its checkpoints. ``model`` is the ``deepspeed.DeepSpeedEngine``."""
+
+    checkpoint = ZERO_PARTITIONS
 
     def autocast(self):
         return contextlib.nullcontext()  # DeepSpeed's bf16 mode holds bf16 parameters itself
@@ -468,27 +385,6 @@ class DeepSpeedEngine(Engine):
             with ds.zero.GatheredParameters([p], modifier_rank=None):
                 ema_update_([ema[name]], [p], decay)
 
-    def save(self, directory: str, extra: dict) -> None:
-        """``save_checkpoint`` on every rank: rank r writes its ZeRO partitions (``zero_pp_rank_{r}_*``), rank 0 the
-        module states (ZeRO 1/2) and the ``latest`` tag. Resuming needs the same world size (DeepSpeed's own
-        checkpoints; its universal-checkpoint conversion is not wired in here). Rank 0 also writes the EMA teacher's
-        full copy, ``ema.pt``."""
-        self.model.save_checkpoint(directory, tag="ds")
-        if self.ema is not None and self.world.rank == 0:
-            torch.save(self.ema.state_dict(), os.path.join(directory, "ema.pt"))
-        write_extra(directory, extra, self.world)
-
-    def load(self, directory: str) -> dict:
-        path, _ = self.model.load_checkpoint(directory, tag="ds", load_optimizer_states=True,
-                                             load_lr_scheduler_states=True)
-        if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
-        if self.ema is not None:
-            file = os.path.join(directory, "ema.pt")
-            state = torch.load(file, map_location=self.device, weights_only=True) if os.path.isfile(file) else None
-            self.ema.load_state_dict(_ema_state(state, directory))
-        return read_extra(directory)
-
 
 def deepspeed_config(train_cfg, world: World, largest_vector: int = 0) -> dict:
     """The DeepSpeed config generated from ``TrainConfig`` (no JSON files to drift from it).
@@ -514,7 +410,7 @@ def deepspeed_config(train_cfg, world: World, largest_vector: int = 0) -> dict:
         "gradient_accumulation_steps": 1,
         "gradient_clipping": train_cfg.grad_clip,
         "optimizer": {"type": "AdamW", "params": {
-            "lr": train_cfg.lr, "betas": list(ADAM_BETAS), "eps": ADAM_EPS, "weight_decay": train_cfg.weight_decay,
+            **adamw_params(train_cfg), "betas": list(ADAM_BETAS),  # JSON-like config: a list
             **({} if offload else {"torch_adam": True}),
         }},
         "zero_optimization": zero,
@@ -571,7 +467,7 @@ def deepspeed(model: nn.Module, train_cfg, world: World, ema: bool = False) -> E
         model_parameters=[p for p in model.parameters() if p.requires_grad],
         config=deepspeed_config(train_cfg, world, max((p.numel() for p in model.parameters() if p.dim() == 1),
                                                       default=0)),
-        lr_scheduler=lambda opt: _scheduler(opt, train_cfg),
+        lr_scheduler=lambda opt: build_scheduler(opt, train_cfg),
     )
     return DeepSpeedEngine(engine, model, optimizer, scheduler, train_cfg, world, teacher)
 
@@ -595,16 +491,16 @@ def build_deepspeed_ops() -> None:
 
 # --------------------------------------------------------------------------------------------------------------------
 
-STRATEGIES: dict[str, Callable[..., Engine]] = {"ddp": ddp, "fsdp": fsdp, "deepspeed": deepspeed}
-"""Strategy name → ``(model, train_cfg, world, ema=False) -> Engine``."""
+STRATEGY_WRAPPERS: dict[str, Callable[..., Engine]] = {"ddp": ddp, "fsdp": fsdp, "deepspeed": deepspeed}
+"""Strategy name (``config.STRATEGIES``) → its wrapping function ``(model, train_cfg, world, ema=False) -> Engine``."""
 
 
 def prepare(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine:
     """Compile ``model``'s decoder layers if ``train_cfg.compile`` (:func:`compile_layers`), then wrap it with
     ``train_cfg.strategy``; ``ema``: also keep an EMA teacher (``Engine.ema``, module docstring). ``ValueError``
     naming ``train.strategy`` if unknown."""
-    if train_cfg.strategy not in STRATEGIES:
-        raise ValueError(f"train.strategy: {train_cfg.strategy!r} is not one of {sorted(STRATEGIES)}")
+    if train_cfg.strategy not in STRATEGY_WRAPPERS:
+        raise ValueError(f"train.strategy: {train_cfg.strategy!r} is not one of {sorted(STRATEGY_WRAPPERS)}")
     if train_cfg.compile:  # first, as torchtitan: the compiled layers are what the strategy then wraps
         compile_layers(model)
-    return STRATEGIES[train_cfg.strategy](model, train_cfg, world, ema=ema)
+    return STRATEGY_WRAPPERS[train_cfg.strategy](model, train_cfg, world, ema=ema)
