@@ -45,7 +45,7 @@ from par_ray.config import RecipeConfig, TaskConfig, TrainConfig
 from par_ray.model import backbones
 from par_ray.model.looped import LoopedLM
 from par_ray.tasks.common import Episode
-from par_ray.train.step import train_step
+from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
 
 
@@ -194,9 +194,10 @@ def measure(name: str, shape: Shape, cross_check: bool = True) -> Measurement:
     task = FixedLengthTask(model.config.vocab_size, shape.seq_len, shape.read_positions)
     task_cfg = TaskConfig(train_depth=shape.R, min_train_depth=shape.R)
     recipe = RecipeConfig(grad_window=shape.grad_window, max_iterations=shape.R)
+    loss_fn = build_step_loss(recipe, task)
 
     def step(i: int):
-        return lambda: train_step(engine, task, task_cfg, recipe, seed=0, step=i, global_batch=shape.micro_batch)
+        return lambda: train_step(engine, task, task_cfg, loss_fn, seed=0, step=i, global_batch=shape.micro_batch)
 
     step(0)()  # warm-up: creates the AdamW state, as in every later step
     gc.collect()

@@ -46,7 +46,7 @@ from par_ray.config import RecipeConfig, TaskConfig, TrainConfig
 from par_ray.model import backbones
 from par_ray.model.looped import LoopedLM
 from par_ray.tasks import build_task
-from par_ray.train.step import train_step
+from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
 
 
@@ -85,7 +85,8 @@ def _step_fn(model: LoopedLM, shape: Shape, depth: int, compile: bool = False):
     task_cfg = TaskConfig(name="swap_s5", train_depth=depth, min_train_depth=depth)
     task = build_task(task_cfg)
     recipe = RecipeConfig(grad_window=depth, max_iterations=depth)
-    return lambda i: train_step(engine, task, task_cfg, recipe, seed=0, step=i, global_batch=shape.batch)
+    loss_fn = build_step_loss(recipe, task)
+    return lambda i: train_step(engine, task, task_cfg, loss_fn, seed=0, step=i, global_batch=shape.batch)
 
 
 def _count_flops(step, i: int) -> int:

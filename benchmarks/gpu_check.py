@@ -49,7 +49,7 @@ from par_ray.config import RecipeConfig, TaskConfig, TrainConfig, with_overrides
 from par_ray.model import backbones
 from par_ray.model.looped import LoopedLM
 from par_ray.tasks import build_task
-from par_ray.train.step import train_step
+from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
 
 SCHEMA_VERSION = 1
@@ -137,11 +137,12 @@ def _stepper(plan: Plan, model: LoopedLM, depth: int, strategy: str = "ddp", zer
     task_cfg = TaskConfig(name="swap_s5", train_depth=depth, min_train_depth=depth)
     task = build_task(task_cfg)
     recipe = RecipeConfig(grad_window=plan.window, max_iterations=max(64, depth))
+    loss_fn = build_step_loss(recipe, task)
     episode = task.sample(depth, 1, seed=0)
     T, Q = episode.input_ids.shape[1], len(episode.read_positions)
 
     def run(i: int):
-        return train_step(engine, task, task_cfg, recipe, seed=0, step=i, global_batch=plan.batch)
+        return train_step(engine, task, task_cfg, loss_fn, seed=0, step=i, global_batch=plan.batch)
 
     return engine, run, T, Q
 

@@ -19,7 +19,7 @@ from par_ray.recipes import MORE_ITERATIONS_FACTOR, UNTIED_CORE_MULTIPLE, apply_
 from par_ray.schedules import iterations_at, plan_step
 from par_ray.tasks import TASKS, build_task
 from par_ray.train.loop import eval_metrics
-from par_ray.train.step import train_step
+from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
 from par_ray.trial import validate
 
@@ -118,7 +118,8 @@ def engine_and_tasks(cfg):
 def test_baseline_forward_and_loss_train_only_the_last_iteration(recipe):
     cfg = tiny_trial(recipe)
     engine, task, train_task = engine_and_tasks(cfg)
-    res = train_step(engine, train_task, cfg.task, cfg.recipe, 0, 0, cfg.train.batch_size)
+    res = train_step(engine, train_task, cfg.task, build_step_loss(cfg.recipe, train_task), 0, 0,
+                     cfg.train.batch_size)
     assert res.plan.R == expected_R(recipe, res.plan.depth)
     assert res.iterations == [res.plan.R]  # only the answer after the last iteration is supervised
     assert math.isfinite(res.loss) and res.loss > 0 and res.grad_norm > 0
@@ -235,7 +236,8 @@ def test_cot_greedy_decoding_equals_teacher_forced_argmax_on_a_trained_toy():
                      eval=dict(depths=(2, 3), num_sequences=8, batch_size=8))
     validate(cfg)
     engine, task, train_task = engine_and_tasks(cfg)
-    losses = [train_step(engine, train_task, cfg.task, cfg.recipe, 0, s, cfg.train.batch_size).loss
+    losses = [train_step(engine, train_task, cfg.task, build_step_loss(cfg.recipe, train_task), 0, s,
+                         cfg.train.batch_size).loss
               for s in range(cfg.train.steps)]
     assert losses[-1] < 0.7 * losses[0]  # it learned something: the argmax is not a coin toss
     model, tokens = engine.raw.eval(), cot_tokens(task.vocab_size)

@@ -14,7 +14,7 @@ from par_ray.schedules import plan_step
 from par_ray.tasks import build_task, get_task
 from par_ray.tasks.common import Filler, RecentFirst
 from par_ray.tasks.permutations import ALL_PERMUTATIONS, OBJ_BASE
-from par_ray.train.step import train_step
+from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
 from par_ray.trial import validate
 
@@ -99,7 +99,7 @@ def test_dense_step_trains_every_readout_and_keeps_the_query_accuracy():
     torch.manual_seed(0)
     model = build_looped(BackboneConfig(), recipe, vocab_size=task.vocab_size + dense_classes(task, recipe))
     engine = prepare(model, TrainConfig(batch_size=8, warmup_steps=0), World())
-    losses = [train_step(engine, task, task_cfg, recipe, 0, step, 8).loss for step in range(3)]
+    losses = [train_step(engine, task, task_cfg, build_step_loss(recipe, task), 0, step, 8).loss for step in range(3)]
     # query CE starts near ln(V) and the dense CE near ln(V) too: their sum
     assert math.isfinite(losses[0]) and losses[0] == pytest.approx(2 * math.log(task.vocab_size + 120), rel=0.15)
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
@@ -245,7 +245,7 @@ def test_given_prefix_step_reads_the_given_operations_as_state_tokens(monkeypatc
     monkeypatch.setattr(model, "iterate", lambda ids, *a, **k: seen.append(ids.clone()) or real(ids, *a, **k))
     step = next(s for s in range(50) if task.sample(plan_step(task_cfg, recipe, 0, s).depth, 4, 0, s).given == 2)
     ep = task.sample(plan_step(task_cfg, recipe, 0, step).depth, 4, 0, step)
-    res = train_step(engine, task, task_cfg, recipe, 0, step, 4)
+    res = train_step(engine, task, task_cfg, build_step_loss(recipe, task), 0, step, 4)
     ids = seen[0]
     assert torch.equal(ids[:, 1:3], task.vocab_size + ep.progress_ids[:, :2])  # z_1, z_2 as state tokens
     assert torch.equal(ids[:, 3:], ep.input_ids[:, 3:])  # the rest of the prompt as drawn

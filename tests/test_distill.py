@@ -18,7 +18,7 @@ from par_ray.model.looped import build_looped
 from par_ray.planner import plan
 from par_ray.recipes import RECIPES, apply_recipe
 from par_ray.tasks import build_task, get_task
-from par_ray.train.step import train_step
+from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
 from par_ray.trial import validate
 
@@ -41,7 +41,8 @@ def engine_for(cfg: TrialConfig):
 
 
 def run(engine, task, cfg, steps):
-    return [train_step(engine, task, cfg.task, cfg.recipe, 0, s, cfg.train.batch_size) for s in steps]
+    return [train_step(engine, task, cfg.task, build_step_loss(cfg.recipe, task), 0, s, cfg.train.batch_size)
+            for s in steps]
 
 
 # --------------------------------------------------------------------------------------------------------------------

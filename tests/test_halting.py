@@ -17,7 +17,7 @@ from par_ray.model.looped import LoopedOutput, build_looped
 from par_ray.objectives import halting_class_weights, halting_loss, halting_targets, par_loss
 from par_ray.stages import frozen_parameters
 from par_ray.tasks import build_task, get_task
-from par_ray.train.step import train_step
+from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
 from par_ray.trial import validate
 
@@ -459,7 +459,7 @@ def _engine(seed=0):
 def test_step_loss_is_par_plus_half_balanced_halting():
     engine, task, tok = _engine()
     snapshot = {n: p.detach().clone() for n, p in engine.raw.named_parameters()}
-    res = train_step(engine, task, TASK, HALT, 0, 0, 4, halt=tok)
+    res = train_step(engine, task, TASK, build_step_loss(HALT, task, halt=tok), 0, 0, 4)
     # recompute step 0's loss with the weights from before the step
     with torch.no_grad():
         for n, p in engine.raw.named_parameters():
@@ -474,7 +474,7 @@ def test_step_loss_is_par_plus_half_balanced_halting():
     assert res.loss == pytest.approx((par + 0.5 * halt).item(), rel=1e-5)
     assert res.halt_loss == pytest.approx(halt.item(), rel=1e-5) and 0.0 <= res.halt_accuracy <= 1.0
     with pytest.raises(ValueError, match="recipe.halting"):
-        train_step(engine, task, TASK, HALT, 0, 1, 4)
+        build_step_loss(HALT, task)
 
 
 
@@ -495,8 +495,9 @@ def test_halting_step_on_a_given_prefix_trains_the_answers_as_without_halting():
     for name, recipe in (("plain", plain), ("halting", halting)):
         torch.manual_seed(0)
         model = build_looped(BackboneConfig(), recipe, vocab_size=offset + task.num_states + 1)
-        res = train_step(prepare(model, TRAIN, World()), task, task_cfg, recipe, 0, step, 4,
-                         halt=task_halt_tokens(task.vocab_size) if recipe.halting else None, dense_offset=offset)
+        loss_fn = build_step_loss(recipe, task, halt=task_halt_tokens(task.vocab_size) if recipe.halting else None,
+                                  dense_offset=offset)
+        res = train_step(prepare(model, TRAIN, World()), task, task_cfg, loss_fn, 0, step, 4)
         losses[name] = res
     assert losses["halting"].plan == losses["plain"].plan and losses["plain"].plan.depth >= 1
     without_halt = losses["halting"].loss - halting.halt_weight * losses["halting"].halt_loss
@@ -512,7 +513,7 @@ def test_frozen_parameters_do_not_move():
     assert "embed_tokens.weight" in names and any(n.startswith("core.") for n in names)
     before = {n: p.detach().clone() for n, p in engine.raw.named_parameters()}
     for step in range(3):
-        train_step(engine, task, TASK, HALT, 0, step, 4, halt=tok, frozen=frozen)
+        train_step(engine, task, TASK, build_step_loss(HALT, task, halt=tok), 0, step, 4, frozen=frozen)
     after = dict(engine.raw.named_parameters())
     assert all(torch.equal(before[n], after[n]) for n in names)
     assert any(not torch.equal(before[n], after[n]) for n in after if n.startswith("coda."))
@@ -523,7 +524,7 @@ def test_frozen_parameters_do_not_move():
 
 def test_halting_checkpoint_round_trip_continues_identically(tmp_path):
     engine, task, tok = _engine()
-    run = lambda e, steps: [train_step(e, task, TASK, HALT, 0, s, 4, halt=tok).loss for s in steps]  # noqa: E731
+    run = lambda e, steps: [train_step(e, task, TASK, build_step_loss(HALT, task, halt=tok), 0, s, 4).loss for s in steps]  # noqa: E731
     run(engine, range(2))
     engine.save(str(tmp_path), {"step": 2})
     want = run(engine, range(2, 4))

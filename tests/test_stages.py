@@ -187,7 +187,7 @@ def test_stages_flat_round_trip():
 
 
 def test_default_single_stage_loop_matches_plain_train_step(tmp_path, local_reports):
-    from par_ray.train.step import train_step
+    from par_ray.train.step import build_step_loss, train_step
     from par_ray.train.strategies import World, prepare
 
     cfg = TrialConfig(task=TaskConfig(train_depth=4), recipe=RecipeConfig(grad_window=2, max_iterations=8),
@@ -199,7 +199,7 @@ def test_default_single_stage_loop_matches_plain_train_step(tmp_path, local_repo
     task = build_task(cfg.task)
     torch.manual_seed(cfg.train.seed)
     engine = prepare(build_looped(cfg.backbone, cfg.recipe, vocab_size=task.vocab_size), cfg.train, World())
-    want = [train_step(engine, task, cfg.task, cfg.recipe, cfg.train.seed, s, 4).loss for s in range(5)]
+    want = [train_step(engine, task, cfg.task, build_step_loss(cfg.recipe, task), cfg.train.seed, s, 4).loss for s in range(5)]
     assert [m["loss_last_step"] for m in reports] == want  # bit-identical
     assert all(m["stage"] == 0 and "halt_loss" not in m for m in reports)
     assert not any(k.startswith("halt_") for k in reports[-1])

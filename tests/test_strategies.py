@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters
 from par_ray.config import BackboneConfig, RecipeConfig, TaskConfig, TrainConfig
 from par_ray.model.looped import build_looped
 from par_ray.tasks import build_task
-from par_ray.train.step import train_step
+from par_ray.train.step import build_step_loss, train_step
 from par_ray.train import strategies
 from par_ray.train.optim import ADAM_BETAS, lr_lambda
 from par_ray.train.strategies import STRATEGY_WRAPPERS, World, deepspeed_config, prepare
@@ -37,7 +37,7 @@ def engine_for(strategy: str, **train):
 
 
 def run_steps(engine, task, steps) -> list[float]:
-    return [train_step(engine, task, TASK, RECIPE, 0, s, TRAIN.batch_size).loss for s in steps]
+    return [train_step(engine, task, TASK, build_step_loss(RECIPE, task), 0, s, TRAIN.batch_size).loss for s in steps]
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

@@ -46,8 +46,8 @@ from par_ray.schedules import iterations_at, plan_step
 from par_ray.tasks import build_task
 from par_ray.schedules import stretch_cap
 from par_ray.stages import frozen_parameters, resolve_stages, stage_at, uses_halting
-from par_ray.train.step import train_step
 from par_ray.train.checkpoint import read_extra
+from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
 
 RESUME_FREE_FIELDS = frozenset({"train.num_workers", "train.accelerator_type", "train.threads_per_worker",
@@ -273,8 +273,10 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if step == tc.fail_at_step and checkpoint is None:
             _kill_rank_zero(engine)  # fault injection, once: the restarted group resumes from a checkpoint
         now, in_stage = stage_at(stages, step)
-        if now is not stage:
+        if now is not stage:  # the stage's loss terms and frozen parts, built once per stage
             stage, frozen = now, frozen_parameters(engine.raw, now.frozen)
+            loss_fn = build_step_loss(stage.recipe, train_task, halt=halt, dense_offset=base_vocab,
+                                      op_order=cfg.task.op_order)
             if len(stages) > 1:
                 log(f"stage {stage.index}: steps {stage.start}..{stage.end}, recipe {stage.recipe.name}, "
                     f"frozen {stage.frozen}")
@@ -282,9 +284,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if world.is_distributed:
             plan = plan_step(cfg.task, stage.recipe, tc.seed, step, stretch_max=s_max)
             check_lockstep(engine, step, plan.depth, plan.R)
-        res = train_step(engine, train_task, cfg.task, stage.recipe, tc.seed, step, tc.batch_size, world.rank,
-                         world.size, halt=halt, stretch_max=s_max, frozen=frozen, dense_offset=base_vocab,
-                         op_order=cfg.task.op_order)
+        res = train_step(engine, train_task, cfg.task, loss_fn, tc.seed, step, tc.batch_size, world.rank,
+                         world.size, stretch_max=s_max, frozen=frozen)
         if not math.isfinite(res.loss):
             # This rank's loss: non-finite parameters make every rank's loss non-finite at the same step; a rank
             # that alone sees it raises, and Ray Train stops the whole worker group.
