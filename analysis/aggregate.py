@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from par_ray import tracking_schema
+
 from analysis.load import RULE_SCHEMA, TRIAL_KEYS, SweepFrames, signal_rank
 
 GROUP = list(TRIAL_KEYS)
@@ -363,8 +365,8 @@ def consistency_warnings(trials: pl.DataFrame) -> list[str]:
             continue
         n = fin.get_column(col).null_count()
         if n:
-            out.append(f"{n} FINISHED trial(s) lack the tag par_ray.{col}")
-    acc_cols = [c for c in trials.columns if re.fullmatch(r"acc_d\d+", c)]
+            out.append(f"{n} FINISHED trial(s) lack the tag {tracking_schema.TRIAL_TAGS[col]}")
+    acc_cols = [c for c in trials.columns if re.fullmatch(tracking_schema.depth_metric_pattern(("acc",)), c)]
     n_no_acc = fin.height if not acc_cols else fin.filter(pl.all_horizontal(pl.col(acc_cols).is_null())).height
     if n_no_acc:
         out.append(f"{n_no_acc} FINISHED trial(s) logged no acc_d{{D}} metric")

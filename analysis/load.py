@@ -1,4 +1,5 @@
-"""MLflow runs of one sweep → polars frames (the analysis side of the tracking schema in ``par_ray.tracking``).
+"""MLflow runs of one sweep → polars frames (the analysis side of the tracking schema, ``par_ray.tracking_schema``,
+whose names and metric-name patterns it reads with).
 
 A sweep is one MLflow parent run (tag ``par_ray.role = "sweep"``); each trial is a child run (tags
 ``mlflow.parentRunId``, ``par_ray.role = "trial"``, ``par_ray.{trial_id,recipe,backbone,task,seed,git_commit}``,
@@ -37,20 +38,15 @@ from dataclasses import dataclass
 import polars as pl
 import polars.selectors as cs
 
+from par_ray import tracking_schema
+
 TRIAL_KEYS = ("task", "backbone", "recipe", "config")
 """Columns that name a configuration (three tags and :func:`config_labels`); seeds of one configuration are aggregated
 together."""
 SEED_PARAMS = ("train.seed",)
 """Flat config keys that tell seeds of one configuration apart (never part of ``config``)."""
 
-_TAGS = {  # frame column -> MLflow tag
-    "trial_id": "par_ray.trial_id",
-    "recipe": "par_ray.recipe",
-    "backbone": "par_ray.backbone",
-    "task": "par_ray.task",
-    "seed": "par_ray.seed",
-    "git_commit": "par_ray.git_commit",
-}
+_TAGS = tracking_schema.TRIAL_TAGS  # frame column -> MLflow tag
 _PARAMS = {  # frame column -> flat config key (par_ray.config.to_flat); only what the tables and plots use
     "train_depth": "task.train_depth",
     "eval_depths": "eval.depths",
@@ -60,21 +56,22 @@ _PARAMS = {  # frame column -> flat config key (par_ray.config.to_flat); only wh
     "halt_n": "eval.halt_n",
     "halt_tau": "eval.halt_tau",
 }
-_DEPTH_METRIC = (r"^(?<kind>acc|acc_query|halt_acc|oracle_acc|halt_iter|never_halted|halt_dR_mean|halt_dR_std"
-                 r"|cot_tokens)_d(?<depth>\d+)$")
-_ITER_METRIC = r"^(?<kind>rms|halt_prob)_k(?<k>\d+)$"
 DEPTH_KINDS = ("acc", "acc_query", "halt_acc", "oracle_acc", "halt_iter", "never_halted", "halt_dR_mean",
                "halt_dR_std", "cot_tokens")
+"""Per (run, depth) columns of the ``acc`` frame: the schema's depth metrics (``par_ray.tracking_schema``) but
+``halt_gap`` (recomputed from halt_acc and oracle_acc where needed)."""
 ITER_KINDS = ("rms", "halt_prob")
+"""Per (run, iteration) columns of the ``by_iteration`` frame."""
 HALT_KINDS = ("halt_acc", "oracle_acc", "halt_iter", "never_halted", "halt_dR_mean", "halt_dR_std")
 """Per (run, rule, depth) columns of the ``halting`` frame."""
 _RULE_KINDS = tuple(k for k in HALT_KINDS if k != "oracle_acc")  # oracle stopping does not depend on the rule
-_RULE_METRIC = (rf"^(?<kind>{'|'.join(_RULE_KINDS)})_d(?<depth>\d+)"
-                r"_k(?<halt_k>\d+)n(?<halt_n>\d+)t(?<halt_tau>\d[0-9.e-]*)$")
-"""An extra rule's metric (``par_ray.evaluation.rule_suffix``): ``halt_acc_d32_k4n8t0.3``."""
-_PENDING_METRIC = rf"^(?<kind>{'|'.join(_RULE_KINDS)})_d(?<depth>\d+)_pending$"
+_DEPTH_METRIC = tracking_schema.depth_metric_pattern(DEPTH_KINDS)
+_ITER_METRIC = tracking_schema.iteration_metric_pattern(ITER_KINDS)
+_RULE_METRIC = tracking_schema.depth_metric_pattern(_RULE_KINDS, rule=True)
+"""An extra rule's metric: ``halt_acc_d32_k4n8t0.3``."""
+_PENDING_METRIC = tracking_schema.depth_metric_pattern(_RULE_KINDS, pending=True)
 """The primary rule's metric on the pending signal: ``halt_acc_d32_pending``."""
-_PENDING_RULE_METRIC = _RULE_METRIC.removesuffix("$") + "_pending$"
+_PENDING_RULE_METRIC = tracking_schema.depth_metric_pattern(_RULE_KINDS, rule=True, pending=True)
 """An extra rule's metric on the pending signal: ``halt_acc_d32_k4n8t0.3_pending``."""
 SIGNALS = ("query", "pending")
 """Stopping signals of ``halting`` rows, in display order: ``query``, P(Yes) of the halting query (paper §3); and
@@ -347,7 +344,8 @@ def experiment_id_of(client, experiment: str) -> str:
 
 def sweep_runs(client, experiment_id: str) -> list:
     """Parent runs (tag ``par_ray.role = "sweep"``) of the experiment, newest first."""
-    return _search_all(client, experiment_id, "tags.`par_ray.role` = 'sweep'", ["attributes.start_time DESC"])
+    return _search_all(client, experiment_id, f"tags.`{tracking_schema.TAG_ROLE}` = '{tracking_schema.ROLE_SWEEP}'",
+                       ["attributes.start_time DESC"])
 
 
 def load_sweep(experiment: str, parent_run_id: str | None = None, tracking_uri: str | None = None) -> SweepFrames:
@@ -363,15 +361,16 @@ def load_sweep(experiment: str, parent_run_id: str | None = None, tracking_uri: 
     """
     client = mlflow_client(tracking_uri)
     exp_id = experiment_id_of(client, experiment)
-    flt = "tags.`par_ray.role` = 'trial'"
+    flt = f"tags.`{tracking_schema.TAG_ROLE}` = '{tracking_schema.ROLE_TRIAL}'"
     if parent_run_id is not None:
         check_parent(client, exp_id, experiment, parent_run_id)
-        flt += f" and tags.`mlflow.parentRunId` = '{parent_run_id}'"
+        flt += f" and tags.`{tracking_schema.TAG_PARENT}` = '{parent_run_id}'"
     runs = _search_all(client, exp_id, flt)
     if not runs:
         where = f"under parent run {parent_run_id}" if parent_run_id else f"in experiment {experiment!r}"
         flag = "--parent-run" if parent_run_id else "--experiment"
-        raise AnalysisError(f"{flag}: no trial runs (tag par_ray.role = 'trial') {where}")
+        tag = f"{tracking_schema.TAG_ROLE} = '{tracking_schema.ROLE_TRIAL}'"
+        raise AnalysisError(f"{flag}: no trial runs (tag {tag}) {where}")
     records = [
         {
             "run_id": r.info.run_id,

@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import torch
 
 from par_ray.schedules import iterations_at
+from par_ray.tracking_schema import depth_metric, iteration_metric
 
 
 @dataclass(frozen=True)
@@ -237,12 +238,6 @@ def halting_rules(eval_cfg) -> tuple[tuple[int, int, float], ...]:
     return ((eval_cfg.halt_k, eval_cfg.halt_n, eval_cfg.halt_tau), *extra)
 
 
-def rule_suffix(k: int, n: int, tau: float) -> str:
-    """``"k4n8t0.3"``: the metric-name suffix of the stopping rule "k of n, τ" (:func:`halting_metrics`); only
-    characters MLflow allows in a metric name (alphanumerics, ``.``, and ``-`` in an exponent such as ``1e-05``)."""
-    return f"k{int(k)}n{int(n)}t{float(tau)!r}"
-
-
 def halt_max_iterations(eval_cfg, ops_per_iteration: int) -> int:
     """R_max of halting evaluation: ``eval.halt_max_iterations``, or 2 × ⌈max(depths) / c⌉ when that is 0."""
     if eval_cfg.halt_max_iterations:
@@ -363,14 +358,15 @@ def _rule_stats(counts_7: torch.Tensor, n: torch.Tensor) -> dict[str, float]:
 
 
 def halting_metrics(results: Mapping[int, Mapping], ops_per_iteration: int) -> dict[str, float]:
-    """Flat metric names of :func:`halting_by_depth`'s results, the names ``analysis`` reads.
+    """Flat metric names of :func:`halting_by_depth`'s results, the names ``analysis`` reads
+    (``par_ray.tracking_schema.depth_metric`` / ``iteration_metric`` build them).
 
     Per test depth D, for the primary rule (eval.halt_k, eval.halt_n, eval.halt_tau): ``halt_acc_d{D}``,
     ``oracle_acc_d{D}`` (fractions), ``halt_gap_d{D}`` (oracle − halting, in accuracy points), ``halt_iter_d{D}``
     (mean chosen R), ``halt_dR_mean_d{D}``, ``halt_dR_std_d{D}`` (R − ⌈d/c⌉), ``never_halted_d{D}`` (fraction).
     For each extra rule (k, n, τ) of ``eval.halt_rules``: the same names but ``oracle_acc`` (which no rule changes),
-    each followed by ``_`` and :func:`rule_suffix`, e.g. ``halt_acc_d32_k4n8t0.3``, ``halt_gap_d32_k4n8t0.3``,
-    ``never_halted_d32_k8n8t0.5``. Curve: ``halt_prob_k{K}``, mean P(Yes) after iteration K on the first
+    each followed by ``_`` and ``par_ray.tracking_schema.rule_suffix``, e.g. ``halt_acc_d32_k4n8t0.3``,
+    ``halt_gap_d32_k4n8t0.3``, ``never_halted_d32_k8n8t0.5``. Curve: ``halt_prob_k{K}``, mean P(Yes) after iteration K on the first
     (shallowest) test depth, for K = 1 … min(R_max, 2 ⌈d/c⌉).
 
     Pending signal (results with ``"pending"``, i.e. :func:`halting_by_depth` given ``pending_id``; a par_ray signal,
@@ -383,24 +379,26 @@ def halting_metrics(results: Mapping[int, Mapping], ops_per_iteration: int) -> d
     """
     out: dict[str, float] = {}
     for d, v in results.items():
-        out[f"oracle_acc_d{d}"] = v["oracle_acc"]
+        out[depth_metric("oracle_acc", d)] = v["oracle_acc"]
         extra = v.get("rules", {})
-        signals = [("", [(None, v), *extra.items()])]
+        signals = [(False, [(None, v), *extra.items()])]
         if "pending" in v:
             pending = v["pending"]
             primary = next(iter(pending))  # halting_by_depth lists the primary rule first
-            signals.append(("_pending", [(None, pending[primary]), *((rule, pending[rule]) for rule in extra)]))
-        for signal, rows in signals:
+            signals.append((True, [(None, pending[primary]), *((rule, pending[rule]) for rule in extra)]))
+        for is_pending, rows in signals:
             for rule, r in rows:
-                tail = (f"_d{d}" if rule is None else f"_d{d}_{rule_suffix(*rule)}") + signal
-                out[f"halt_acc{tail}"] = r["halt_acc"]
-                out[f"halt_gap{tail}"] = 100.0 * (v["oracle_acc"] - r["halt_acc"])
-                out[f"halt_iter{tail}"] = r["halt_iter"]
-                out[f"halt_dR_mean{tail}"] = r["dR_mean"]
-                out[f"halt_dR_std{tail}"] = r["dR_std"]
-                out[f"never_halted{tail}"] = r["never_halted"]
+                def name(kind: str) -> str:
+                    return depth_metric(kind, d, rule, is_pending)
+
+                out[name("halt_acc")] = r["halt_acc"]
+                out[name("halt_gap")] = 100.0 * (v["oracle_acc"] - r["halt_acc"])
+                out[name("halt_iter")] = r["halt_iter"]
+                out[name("halt_dR_mean")] = r["dR_mean"]
+                out[name("halt_dR_std")] = r["dR_std"]
+                out[name("never_halted")] = r["never_halted"]
     if results:
         first = min(results)
         curve = results[first]["p_yes_k"][: 2 * math.ceil(first / ops_per_iteration)]
-        out.update({f"halt_prob_k{k}": p for k, p in enumerate(curve, start=1)})
+        out.update({iteration_metric("halt_prob", k): p for k, p in enumerate(curve, start=1)})
     return out

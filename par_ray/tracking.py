@@ -1,6 +1,7 @@
 """MLflow tracking of sweeps: one experiment per sweep kind, a parent run per sweep, a child run per trial.
 
-The schema (``analysis/`` reads it; tags, never run names, identify things):
+What is written where (names: ``par_ray.tracking_schema``, which ``analysis/`` reads with; tags, never run names,
+identify things):
 
 - experiment ``par_ray/<sweep name>`` (e.g. ``par_ray/backbone_scaling``), tagged ``mlflow.experimentKind =
   "custom_model_development"`` (MLflow's "Machine learning" kind, as opposed to "GenAI apps & agents");
@@ -11,20 +12,16 @@ The schema (``analysis/`` reads it; tags, never run names, identify things):
   params = ``par_ray.config.to_flat(cfg)`` without anything that looks like a secret (:func:`redact`);
   step metrics logged with ``step=`` the optimizer step, so the latest value of each is the final one (the loop's
   ``R`` and ``depth``, drawn afresh at every step, are logged as ``R_last_step`` and ``depth_last_step``: the values
-  of the step just before the report, like ``loss_last_step``; see :data:`METRIC_NAMES`);
+  of the step just before the report, like ``loss_last_step``; see ``tracking_schema.METRIC_RENAMES``);
   the final accuracy-by-depth curve of a FINISHED trial as two more metrics whose *step is not an optimizer step*:
   ``acc_by_depth`` at step = test depth d, and ``acc_by_multiple`` at step = d / d_train for the depths that are
   integer multiples of d_train, so MLflow's line charts (x-axis "Step") overlay the curves of the selected runs;
   artifacts ``accuracy_by_depth.json``, ``accuracy_by_depth.csv``, ``accuracy_by_depth.png``, ``config.json``.
 
-MLflow 3.17's UI: the experiment's tag is shown as its kind, but the page an experiment opens on follows the
-sidebar's workflow switch ("GenAI" / "Model training", remembered by the browser; the URL parameter
-``workflowType=machine_learning`` sets it), whose default opens the GenAI "Overview" of traces: :func:`ui_url` gives
-that URL, ``python -m par_ray.tracking ui`` prints it.
-
 A restored sweep finds its parent run by ``par_ray.experiment_path`` and each trial's child run by
 ``par_ray.trial_id`` under that parent, so resuming never duplicates runs. Everything here runs in the sweep's
-driver process (``par_ray.sweep`` calls it from a Tune callback); training workers never talk to MLflow.
+driver process (``par_ray.sweep`` calls it from a Tune callback); training workers never talk to MLflow. The MLflow
+server and UI command (``python -m par_ray.tracking ui --storage runs/<sweep>``) are ``par_ray.mlflow_ui``.
 
 Tracking URI: ``--mlflow-uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///<storage>/mlflow.db`` with artifacts
 in ``<storage>/mlartifacts`` (:func:`tracking_uri`, :func:`artifact_root`).
@@ -32,7 +29,6 @@ in ``<storage>/mlartifacts`` (:func:`tracking_uri`, :func:`artifact_root`).
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import io
@@ -40,36 +36,20 @@ import json
 import math
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import typing
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from par_ray.config import TrialConfig, to_flat
-
-EXPERIMENT_PREFIX = "par_ray/"
-TAG_ROLE = "par_ray.role"
-TAG_SWEEP = "par_ray.sweep"
-TAG_EXPERIMENT_PATH = "par_ray.experiment_path"
-TAG_TRIAL_ID = "par_ray.trial_id"
-TAG_PARENT = "mlflow.parentRunId"
-TAG_GIT_COMMIT = "par_ray.git_commit"
-TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
-EXPERIMENT_KIND = "custom_model_development"
-"""MLflow's experiment kind for model training (3.17 values: ``genai_development``, ``custom_model_development``,
-``finetuning``, ``regression``, ``classification``, ``forecasting``, ``automl``); the UI labels it
-"Machine learning"."""
-METRIC_NAMES = {"R": "R_last_step", "depth": "depth_last_step"}
-"""Loop report keys renamed in MLflow: per-step random draws that would otherwise read like config values."""
-CURVE_BY_DEPTH = "acc_by_depth"
-CURVE_BY_MULTIPLE = "acc_by_multiple"
-ARTIFACTS = ("accuracy_by_depth.json", "accuracy_by_depth.csv", "accuracy_by_depth.png", "config.json")
+from par_ray.tracking_schema import (ARTIFACT_ACCURACY_CSV, ARTIFACT_ACCURACY_JSON, ARTIFACT_ACCURACY_PNG,
+                                     ARTIFACT_CONFIG, CURVE_BY_DEPTH, CURVE_BY_MULTIPLE, EXPERIMENT_KIND,
+                                     METRIC_RENAMES, ROLE_SWEEP, ROLE_TRIAL, TAG_BACKBONE, TAG_EXPERIMENT_KIND,
+                                     TAG_EXPERIMENT_PATH, TAG_GIT_COMMIT, TAG_PARENT, TAG_RECIPE, TAG_ROLE, TAG_SEED,
+                                     TAG_SWEEP, TAG_TASK, TAG_TRIAL_ID, depth_metric, experiment_name)
 
 _SECRET_KEY = re.compile(r"token|secret|passw(or)?d|passwd|credential|auth|api[_-]?key|access[_-]?key|private[_-]?key"
                          r"|(^|[._-])key($|[._-])", re.IGNORECASE)
@@ -83,10 +63,6 @@ def redact(values: typing.Mapping[str, typing.Any]) -> dict[str, typing.Any]:
     """
     return {k: v for k, v in values.items()
             if not _SECRET_KEY.search(str(k)) and not (isinstance(v, str) and _SECRET_VALUE.search(v))}
-
-
-def experiment_name(sweep: str) -> str:
-    return EXPERIMENT_PREFIX + sweep
 
 
 def tracking_uri(flag: str | None, storage: str) -> str:
@@ -127,12 +103,12 @@ def trial_tags(cfg: TrialConfig, trial_id: str, parent_run_id: str, commit: str)
     """The child-run tags of one trial (see the module docstring)."""
     return {
         TAG_PARENT: parent_run_id,
-        TAG_ROLE: "trial",
+        TAG_ROLE: ROLE_TRIAL,
         TAG_TRIAL_ID: trial_id,
-        "par_ray.recipe": cfg.recipe.name,
-        "par_ray.backbone": cfg.backbone.name,
-        "par_ray.task": cfg.task.name,
-        "par_ray.seed": str(cfg.train.seed),
+        TAG_RECIPE: cfg.recipe.name,
+        TAG_BACKBONE: cfg.backbone.name,
+        TAG_TASK: cfg.task.name,
+        TAG_SEED: str(cfg.train.seed),
         TAG_GIT_COMMIT: commit,
     }
 
@@ -184,13 +160,13 @@ class SweepTracker:
             client.set_experiment_tag(exp_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
         commit = commit or git_commit()
         found = client.search_runs(
-            [exp_id], filter_string=f"tags.`{TAG_ROLE}` = 'sweep' and tags.`{TAG_EXPERIMENT_PATH}` = "
+            [exp_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_SWEEP}' and tags.`{TAG_EXPERIMENT_PATH}` = "
                                     f"'{_quote(experiment_path)}'", max_results=1)
         if found:
             run_id = found[0].info.run_id
             client.update_run(run_id, status="RUNNING")
         else:
-            all_tags = {TAG_ROLE: "sweep", TAG_SWEEP: sweep, TAG_EXPERIMENT_PATH: experiment_path,
+            all_tags = {TAG_ROLE: ROLE_SWEEP, TAG_SWEEP: sweep, TAG_EXPERIMENT_PATH: experiment_path,
                         TAG_GIT_COMMIT: commit, **redact(dict(tags or {}))}
             run_id = client.create_run(exp_id, tags=all_tags, run_name=sweep).info.run_id
             _log_params(client, run_id, params or {})
@@ -233,7 +209,7 @@ class SweepTracker:
 
     def log_metrics(self, trial_id: str, metrics: typing.Mapping[str, typing.Any], step: int) -> None:
         """Numeric entries of ``metrics`` at optimizer step ``step`` (booleans and strings are skipped; keys in
-        :data:`METRIC_NAMES` are renamed).
+        :data:`par_ray.tracking_schema.METRIC_RENAMES` are renamed).
 
         A training report (``metrics`` holds ``step``) is logged once per step: one at or below the highest step
         already logged to the run is dropped. Ray Train replays the steps after the last checkpoint when it restarts
@@ -253,7 +229,7 @@ class SweepTracker:
                 return
             self._last_step[run_id] = step
         now = int(time.time() * 1000)
-        batch = [Metric(METRIC_NAMES.get(k, k), float(v), now, int(step)) for k, v in metrics.items()
+        batch = [Metric(METRIC_RENAMES.get(k, k), float(v), now, int(step)) for k, v in metrics.items()
                  if isinstance(v, (int, float)) and not isinstance(v, bool)]
         self._log_batch(run_id, batch)
 
@@ -306,9 +282,9 @@ def curve_metrics(cfg: TrialConfig, final: typing.Mapping[str, typing.Any]) -> l
     d_train = cfg.task.train_depth
     out = []
     for d in cfg.eval.depths:
-        if f"acc_d{d}" not in final:
+        if depth_metric("acc", d) not in final:
             continue
-        acc = float(final[f"acc_d{d}"])
+        acc = float(final[depth_metric("acc", d)])
         out.append(Metric(CURVE_BY_DEPTH, acc, now, int(d)))
         if d % d_train == 0:
             out.append(Metric(CURVE_BY_MULTIPLE, acc, now, d // d_train))
@@ -321,27 +297,27 @@ def write_trial_artifacts(out_dir: str, cfg: TrialConfig, final: typing.Mapping[
     Returns the file names written.
     """
     out = Path(out_dir)
-    (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-    written = ["config.json"]
-    depths = [d for d in cfg.eval.depths if f"acc_d{d}" in final]
+    (out / ARTIFACT_CONFIG).write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    written = [ARTIFACT_CONFIG]
+    depths = [d for d in cfg.eval.depths if depth_metric("acc", d) in final]
     if not depths:
         return written
     d_train = cfg.task.train_depth
-    rows = [{"depth": d, "multiple": d / d_train, "acc": float(final[f"acc_d{d}"]),
-             "acc_query": float(final.get(f"acc_query_d{d}", math.nan))} for d in depths]
+    rows = [{"depth": d, "multiple": d / d_train, "acc": float(final[depth_metric("acc", d)]),
+             "acc_query": float(final.get(depth_metric("acc_query", d), math.nan))} for d in depths]
     summary = {
         "task": cfg.task.name, "backbone": cfg.backbone.name, "recipe": cfg.recipe.name, "seed": cfg.train.seed,
         "train_depth": d_train, "chance": final.get("chance"), "d50": final.get("d50"), "G": final.get("G"),
         "G_censored": bool(final.get("G_censored", 0.0)), "by_depth": rows,
     }
-    (out / "accuracy_by_depth.json").write_text(json.dumps(summary, indent=2))
+    (out / ARTIFACT_ACCURACY_JSON).write_text(json.dumps(summary, indent=2))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=["depth", "multiple", "acc", "acc_query"])
     writer.writeheader()
     writer.writerows(rows)
-    (out / "accuracy_by_depth.csv").write_text(buf.getvalue())
-    _plot_accuracy(out / "accuracy_by_depth.png", cfg, rows, final)
-    return written + ["accuracy_by_depth.json", "accuracy_by_depth.csv", "accuracy_by_depth.png"]
+    (out / ARTIFACT_ACCURACY_CSV).write_text(buf.getvalue())
+    _plot_accuracy(out / ARTIFACT_ACCURACY_PNG, cfg, rows, final)
+    return written + [ARTIFACT_ACCURACY_JSON, ARTIFACT_ACCURACY_CSV, ARTIFACT_ACCURACY_PNG]
 
 
 def _plot_accuracy(path: Path, cfg: TrialConfig, rows: list[dict], final: typing.Mapping[str, typing.Any]) -> None:
@@ -384,110 +360,7 @@ def _quote(value: str) -> str:
     return value.replace("'", "\\'")
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# A local tracking server (tests and scripts/mlflow_screenshot.py)
+if __name__ == "__main__":  # ``python -m par_ray.tracking ui --storage runs/<sweep>``: par_ray.mlflow_ui's command
+    from par_ray.mlflow_ui import main
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def local_server(backend_uri: str, artifacts_dir: str, port: int | None = None,
-                 timeout_s: float = 180.0) -> typing.Iterator[str]:
-    """Run ``mlflow server`` on 127.0.0.1 (one worker, no job runner) over ``backend_uri``; yields its URL.
-
-    MLflow 3.17's defaults (``mlflow ui``: four workers plus a job-runner pool) measured 11 s to answer ``/health``
-    and 3.5 GB resident over 15 processes on the 2-core development machine; this measured 6 s and 0.55 GB over 2.
-    Raises ``RuntimeError`` with the server's log tail if it does not answer ``/health`` within ``timeout_s``.
-    """
-    port = port or free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    log = tempfile.NamedTemporaryFile("w+", prefix="mlflow_server_", suffix=".log", delete=False)
-    mlflow_bin = str(Path(sys.executable).with_name("mlflow"))
-    cmd = [mlflow_bin if os.path.exists(mlflow_bin) else "mlflow", "server", "--backend-store-uri", backend_uri,
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--artifacts-destination", artifacts_dir]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline = time.time() + timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                log.seek(0)
-                raise RuntimeError(f"mlflow server did not start on {url}:\n{log.read()[-3000:]}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 15)  # the server's own process group: uvicorn worker included
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-        log.close()
-        os.unlink(log.name)
-
-
-def ui_url(server: str, experiment_id: str | None = None) -> str:
-    """The MLflow 3.17 UI page of ``experiment_id`` (or the experiment list) in the "Machine learning" workflow, so the
-    experiment opens on its runs table rather than the GenAI overview of traces."""
-    page = f"experiments/{experiment_id}" if experiment_id else "experiments"
-    return f"{server}/#/{page}?workflowType=machine_learning"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m par_ray.tracking ui --storage runs/<sweep>``: the MLflow UI over a sweep's store with
-    :func:`local_server` (one worker, no job runner), until Ctrl-C. Prints the URL of each ``par_ray/*`` experiment."""
-    import argparse
-
-    p = argparse.ArgumentParser(
-        prog="python -m par_ray.tracking",
-        description="MLflow UI over a sweep's store, lighter than `mlflow ui`: one server worker and no job runner "
-                    "(`mlflow server --workers 1` with MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false).")
-    sub = p.add_subparsers(dest="command", required=True)
-    ui = sub.add_parser("ui", help="serve the MLflow UI on 127.0.0.1 until Ctrl-C")
-    ui.add_argument("--storage", default=None,
-                    help="the sweep's --storage folder (holds mlflow.db and mlartifacts/), e.g. runs/backbone_scaling")
-    ui.add_argument("--backend-store-uri", default=None,
-                    help="MLflow store URI (default sqlite:///<storage>/mlflow.db)")
-    ui.add_argument("--artifacts", default=None, help="artifact folder to serve (default <storage>/mlartifacts)")
-    ui.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default 5000)")
-    args = p.parse_args(argv)
-    if not args.storage and not args.backend_store_uri:
-        p.error("--storage: give the sweep's storage folder (or --backend-store-uri and --artifacts)")
-    storage = Path(args.storage or ".").expanduser().resolve()
-    backend = args.backend_store_uri or f"sqlite:///{storage / 'mlflow.db'}"
-    if backend.startswith("sqlite:///") and not Path(backend[len("sqlite:///"):]).exists():
-        p.error(f"--storage: no MLflow store at {backend}")
-    artifacts = args.artifacts or str(storage / "mlartifacts")
-    print(f"starting mlflow server over {backend} (one worker, no job runner) ...", flush=True)
-    # kill / timeout / a closed terminal stop the server too: the server runs in its own session (so a Ctrl-C reaches
-    # only this process), and SystemExit unwinds local_server's cleanup as KeyboardInterrupt does
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
-    with local_server(backend, artifacts, port=args.port) as url:
-        from mlflow.tracking import MlflowClient
-
-        exps = [e for e in MlflowClient(url).search_experiments() if e.name.startswith(EXPERIMENT_PREFIX)]
-        print(f"MLflow UI: {ui_url(url)}")
-        for e in exps:
-            print(f"  {e.name}: {ui_url(url, e.experiment_id)}")
-        print("Ctrl-C to stop.", flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            print("stopping the server")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m par_ray.tracking ui"))

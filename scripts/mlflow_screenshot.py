@@ -1,11 +1,11 @@
 """Screenshots of MLflow's views of a finished sweep's trials, taken with headless Chromium.
 
-Starts ``mlflow server`` on 127.0.0.1 over the sweep's store (``par_ray.tracking.local_server``) and saves three PNGs:
+Starts ``mlflow server`` on 127.0.0.1 over the sweep's store (``par_ray.mlflow_ui.local_server``) and saves three PNGs:
 
 - ``--out``: ``#/compare-runs`` for the child runs of one sweep (the newest, or ``--parent-run``), assistant panel
   closed, only the parameters that differ between runs (backbone, seed, searched knobs), the parallel coordinates of
   those parameters against G and the accuracy at the longest test depth;
-- ``<out>_experiment.png``: the experiment page as a user opens it (``par_ray.tracking.ui_url``: the "Model
+- ``<out>_experiment.png``: the experiment page as a user opens it (``par_ray.mlflow_ui.ui_url``: the "Model
   training" workflow, whose first tab is the runs table), the sweep's parent run expanded and its trial runs ticked,
   which brings up MLflow's Compare button;
 - ``<out>_acc_by_depth.png``: the line chart that a click on ``acc_by_depth`` in the comparison view opens
@@ -33,7 +33,8 @@ import time
 import urllib.parse
 import urllib.request
 
-from par_ray import tracking
+from par_ray import mlflow_ui
+from par_ray import tracking_schema as schema
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -65,16 +66,16 @@ def compare_url(server: str, sweep: str, parent_run: str | None) -> tuple[str, l
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(server)
-    exp = client.get_experiment_by_name(tracking.experiment_name(sweep))
+    exp = client.get_experiment_by_name(schema.experiment_name(sweep))
     if exp is None:
-        raise SystemExit(f"error: --sweep: no experiment {tracking.experiment_name(sweep)!r} in this store")
+        raise SystemExit(f"error: --sweep: no experiment {schema.experiment_name(sweep)!r} in this store")
     if parent_run is None:
-        parents = client.search_runs([exp.experiment_id], f"tags.`{tracking.TAG_ROLE}` = 'sweep'",
+        parents = client.search_runs([exp.experiment_id], f"tags.`{schema.TAG_ROLE}` = '{schema.ROLE_SWEEP}'",
                                      order_by=["attributes.start_time DESC"], max_results=1)
         if not parents:
             raise SystemExit("error: --parent-run: no sweep run in this experiment")
         parent_run = parents[0].info.run_id
-    runs = client.search_runs([exp.experiment_id], f"tags.`{tracking.TAG_PARENT}` = '{parent_run}'",
+    runs = client.search_runs([exp.experiment_id], f"tags.`{schema.TAG_PARENT}` = '{parent_run}'",
                               order_by=["tags.`par_ray.backbone` ASC", "tags.`par_ray.seed` ASC"], max_results=200)
     if not runs:
         raise SystemExit(f"error: --parent-run: sweep run {parent_run} has no trial runs")
@@ -188,7 +189,7 @@ async def _screenshots(chromium: str, shots: dict[str, str], compare: str, exper
                        metrics: list[str], parent_name: str) -> None:
     import aiohttp
 
-    port = tracking.free_port()
+    port = mlflow_ui.free_port()
     profile = tempfile.mkdtemp(prefix="chromium_profile_")
     proc = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--remote-debugging-port={port}",
                              f"--window-size={WIDTH},{HEIGHT}", "about:blank"],
@@ -268,15 +269,15 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     stem = os.path.splitext(out)[0]
     shots = {"compare": out, "experiment": f"{stem}_experiment.png", "chart": f"{stem}_acc_by_depth.png"}
-    with tracking.local_server(backend, args.artifacts or f"{storage}/mlartifacts") as server:
+    with mlflow_ui.local_server(backend, args.artifacts or f"{storage}/mlartifacts") as server:
         url, ids, metrics, exp_id, parent = compare_url(server, args.sweep, args.parent_run)
         from mlflow.tracking import MlflowClient
 
         parent_name = MlflowClient(server).get_run(parent).info.run_name
-        asyncio.run(_screenshots(chromium, shots, url, tracking.ui_url(server, exp_id),
-                                 metric_url(server, tracking.CURVE_BY_DEPTH, ids, exp_id), metrics, parent_name))
+        asyncio.run(_screenshots(chromium, shots, url, mlflow_ui.ui_url(server, exp_id),
+                                 metric_url(server, schema.CURVE_BY_DEPTH, ids, exp_id), metrics, parent_name))
     print(f"wrote {out} ({len(ids)} runs; parallel coordinates: differing params vs {', '.join(metrics)}), "
-          f"{shots['experiment']} (experiment page) and {shots['chart']} ({tracking.CURVE_BY_DEPTH} by test depth)")
+          f"{shots['experiment']} (experiment page) and {shots['chart']} ({schema.CURVE_BY_DEPTH} by test depth)")
     return 0
 
 

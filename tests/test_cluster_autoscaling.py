@@ -36,7 +36,7 @@ import pytest
 import yaml
 
 from par_ray import tracking
-from par_ray.tracking import free_port
+from par_ray.mlflow_ui import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # ~10 minutes on 2 cores (a 4-trial sweep on a fake autoscaling cluster, then a node-loss resume): past CI's budget

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig
-from par_ray.evaluation import (halt_max_iterations, halting_by_depth, halting_metrics, k_of_n_stop, k_of_n_stops,
-                                 rule_suffix)
+from par_ray.evaluation import halt_max_iterations, halting_by_depth, halting_metrics, k_of_n_stop, k_of_n_stops
 from par_ray.halting import (HaltTokens, model_vocab_size, p_yes, task_halt_tokens, tokenizer_halt_tokens,
                              with_halt_query, yes_no_logits)
 from par_ray.model.looped import LoopedOutput, build_looped
@@ -18,6 +17,7 @@ from par_ray.objectives import halting_class_weights, halting_loss, halting_targ
 from par_ray.stages import frozen_parameters
 from par_ray.tasks import build_task, get_task
 from par_ray.train.step import build_step_loss, train_step
+from par_ray.tracking_schema import rule_suffix
 from par_ray.train.strategies import World, prepare
 from par_ray.trial import validate
 
@@ -524,7 +524,8 @@ def test_frozen_parameters_do_not_move():
 
 def test_halting_checkpoint_round_trip_continues_identically(tmp_path):
     engine, task, tok = _engine()
-    run = lambda e, steps: [train_step(e, task, TASK, build_step_loss(HALT, task, halt=tok), 0, s, 4).loss for s in steps]  # noqa: E731
+    loss_fn = build_step_loss(HALT, task, halt=tok)
+    run = lambda e, steps: [train_step(e, task, TASK, loss_fn, 0, s, 4).loss for s in steps]  # noqa: E731
     run(engine, range(2))
     engine.save(str(tmp_path), {"step": 2})
     want = run(engine, range(2, 4))

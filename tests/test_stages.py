@@ -199,7 +199,8 @@ def test_default_single_stage_loop_matches_plain_train_step(tmp_path, local_repo
     task = build_task(cfg.task)
     torch.manual_seed(cfg.train.seed)
     engine = prepare(build_looped(cfg.backbone, cfg.recipe, vocab_size=task.vocab_size), cfg.train, World())
-    want = [train_step(engine, task, cfg.task, build_step_loss(cfg.recipe, task), cfg.train.seed, s, 4).loss for s in range(5)]
+    loss_fn = build_step_loss(cfg.recipe, task)
+    want = [train_step(engine, task, cfg.task, loss_fn, cfg.train.seed, s, 4).loss for s in range(5)]
     assert [m["loss_last_step"] for m in reports] == want  # bit-identical
     assert all(m["stage"] == 0 and "halt_loss" not in m for m in reports)
     assert not any(k.startswith("halt_") for k in reports[-1])

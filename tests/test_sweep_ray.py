@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from par_ray import tracking
+from par_ray import mlflow_ui
+from par_ray.tracking_schema import ARTIFACTS
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.ray
@@ -37,7 +38,7 @@ def smoke_sweep(tmp_path_factory):
     """``python sweeps/backbone_scaling.py --smoke-test --seeds 0,1`` logging to an ``mlflow server`` over HTTP."""
     tmp = tmp_path_factory.mktemp("smoke")
     backend, artifacts = f"sqlite:///{tmp}/server.db", str(tmp / "artifacts")
-    with tracking.local_server(backend, artifacts) as url:
+    with mlflow_ui.local_server(backend, artifacts) as url:
         r = _sweep("backbone_scaling", "--smoke-test", "--seeds", "0,1", "--storage", str(tmp / "storage"),
                    "--mlflow-uri", url)
         yield {"result": r, "url": url, "backend": backend, "artifacts": artifacts, "tmp": tmp}
@@ -65,7 +66,7 @@ def test_smoke_sweep_is_one_parent_and_a_child_run_per_trial_over_http(smoke_swe
         assert params["train.steps"] == "4" and params["eval.depths"] == "6,12"
         assert metrics["step"] == 4 and {"G", "G_censored", "acc_d6", "acc_d12", "loss", "chance"} <= metrics.keys()
         assert [m.step for m in client.get_metric_history(c.info.run_id, "loss")] == [2, 4]
-        assert {a.path for a in client.list_artifacts(c.info.run_id)} == set(tracking.ARTIFACTS)
+        assert {a.path for a in client.list_artifacts(c.info.run_id)} == set(ARTIFACTS)
     # analysis ran on the parent run and logged its tables and figures there
     assert any(a.path.startswith("analysis") for a in client.list_artifacts(parent.info.run_id))
 
@@ -132,7 +133,7 @@ def test_resume_finishes_failed_trials_without_rerunning_or_duplicating(tmp_path
     # The finished trial did not run again; the failed one continued from its step-2 checkpoint.
     assert [(m.step, m.timestamp) for m in client.get_metric_history(ids["par"], "loss")] == done_history
     assert [m.step for m in client.get_metric_history(ids["par_fail"], "loss")] == [2, 4]
-    assert {a.path for a in client.list_artifacts(ids["par_fail"])} == set(tracking.ARTIFACTS)
+    assert {a.path for a in client.list_artifacts(ids["par_fail"])} == set(ARTIFACTS)
 
 
 @pytest.mark.full_only

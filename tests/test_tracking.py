@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from par_ray import tracking
+from par_ray import mlflow_ui, tracking
 from par_ray.config import from_flat, to_flat
 from par_ray.presets import local_trial
 from par_ray.recipes import apply_recipe
+from par_ray.tracking_schema import ARTIFACTS, TAG_EXPERIMENT_KIND
 
 
 def _cfg(seed: int = 0, backbone: str = "tiny-qwen2"):
@@ -82,7 +83,7 @@ def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
         assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4]
         assert run.info.status == "FINISHED"
         files = {a.path for a in client.list_artifacts(run.info.run_id)}
-        assert files == set(tracking.ARTIFACTS)
+        assert files == set(ARTIFACTS)
         summary = json.loads(open(client.download_artifacts(run.info.run_id, "accuracy_by_depth.json")).read())
         assert [r["depth"] for r in summary["by_depth"]] == [d1, d2] and summary["G_censored"] is True
 
@@ -134,7 +135,7 @@ def test_experiment_kind_curve_metrics_and_renamed_draws(tmp_path):
     client = MlflowClient(uri)
     old = client.create_experiment("par_ray/old", artifact_location=(tmp_path / "a").as_uri())  # made without a kind
     t = tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri, commit="abc")
-    assert client.get_experiment(t.experiment_id).tags[tracking.TAG_EXPERIMENT_KIND] == "custom_model_development"
+    assert client.get_experiment(t.experiment_id).tags[TAG_EXPERIMENT_KIND] == "custom_model_development"
     tracking.SweepTracker.open("old", str(tmp_path / "y"), uri, commit="abc")
     assert client.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
 
@@ -160,14 +161,14 @@ def test_experiment_kind_curve_metrics_and_renamed_draws(tmp_path):
 
 
 def test_ui_url_opens_the_machine_learning_workflow():
-    assert tracking.ui_url("http://127.0.0.1:5000", "3") == \
+    assert mlflow_ui.ui_url("http://127.0.0.1:5000", "3") == \
         "http://127.0.0.1:5000/#/experiments/3?workflowType=machine_learning"
-    assert tracking.ui_url("http://h:1") == "http://h:1/#/experiments?workflowType=machine_learning"
+    assert mlflow_ui.ui_url("http://h:1") == "http://h:1/#/experiments?workflowType=machine_learning"
 
 
 def test_ui_command_refuses_a_missing_store(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        tracking.main(["ui", "--storage", str(tmp_path / "nothing")])
+        mlflow_ui.main(["ui", "--storage", str(tmp_path / "nothing")])
     assert e.value.code == 2 and "--storage: no MLflow store" in capsys.readouterr().err
 
 
@@ -185,7 +186,7 @@ def test_ui_command_stops_its_server_on_sigterm(tmp_path):
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.MlflowClient(store).create_experiment("par_ray/x", artifact_location=str(tmp_path / "mlartifacts"))
-    port = tracking.free_port()
+    port = mlflow_ui.free_port()
     proc = subprocess.Popen([sys.executable, "-m", "par_ray.tracking", "ui", "--storage", str(tmp_path),
                              "--port", str(port)], stdout=subprocess.PIPE, text=True)
     try:
@@ -202,3 +203,19 @@ def test_ui_command_stops_its_server_on_sigterm(tmp_path):
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
+
+
+def test_schema_builds_and_parses_every_metric_name_analysis_reads():
+    from par_ray import tracking_schema as ts
+
+    assert ts.depth_metric("acc", 8) == "acc_d8"
+    assert ts.depth_metric("halt_acc", 32, (4, 8, 0.3)) == "halt_acc_d32_k4n8t0.3"
+    assert ts.depth_metric("halt_acc", 32, (6, 8, 1e-5), pending=True) == "halt_acc_d32_k6n8t1e-05_pending"
+    assert ts.iteration_metric("rms", 3) == "rms_k3"
+    assert ts.parse_metric("acc_query_d16") == {"kind": "acc_query", "depth": 16, "pending": False}
+    assert ts.parse_metric("halt_acc_d32_k6n8t1e-05_pending") == {"kind": "halt_acc", "depth": 32, "pending": True,
+                                                                  "rule": (6, 8, 1e-5)}
+    assert ts.parse_metric("never_halted_d4_pending") == {"kind": "never_halted", "depth": 4, "pending": True}
+    assert ts.parse_metric("halt_prob_k2") == {"kind": "halt_prob", "k": 2}
+    for other in ("loss", "acc_by_depth", "oracle_acc_d4_pending", "acc_d8_k1n2t0.5", "G"):
+        assert ts.parse_metric(other) is None

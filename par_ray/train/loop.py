@@ -44,6 +44,7 @@ from par_ray.halting import halt_tokens
 from par_ray.objectives import dense_class_offset, dense_classes, dense_pending_id, par_loss
 from par_ray.schedules import iterations_at, plan_step
 from par_ray.tasks import build_task
+from par_ray.tracking_schema import depth_metric, iteration_metric
 from par_ray.schedules import stretch_cap
 from par_ray.stages import frozen_parameters, resolve_stages, stage_at, uses_halting
 from par_ray.train.checkpoint import read_extra
@@ -141,8 +142,8 @@ def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
                       lo.per_iteration_K.double() * rows, out.state_rms_R.double() * rows])
     sums = engine.all_reduce_sum(sums)
     means = (sums[1:] / sums[0].clamp_min(1)).tolist()
-    return {**{f"loss_k{k}": v for k, v in zip(out.iterations, means[:R])},
-            **{f"rms_k{k}": v for k, v in enumerate(means[R:], start=1)}}
+    return {**{iteration_metric("loss", k): v for k, v in zip(out.iterations, means[:R])},
+            **{iteration_metric("rms", k): v for k, v in enumerate(means[R:], start=1)}}
 
 
 def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict[str, float]:
@@ -185,10 +186,10 @@ def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt) -> dict[str, flo
     if ex.d50 is not None:
         out["d50"] = float(ex.d50)
     for d, v in acc.items():
-        out[f"acc_d{d}"] = v["acc"]
-        out[f"acc_query_d{d}"] = v["acc_query"]
+        out[depth_metric("acc", d)] = v["acc"]
+        out[depth_metric("acc_query", d)] = v["acc_query"]
         if "tokens" in v:
-            out[f"cot_tokens_d{d}"] = v["tokens"]
+            out[depth_metric("cot_tokens", d)] = v["tokens"]
     if recipe.halting and halt is not None:
         res = halting_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, halt, engine.device,
                                world.rank, world.size, engine.all_reduce_sum, pending_id=dense_pending_id(task, cfg))

@@ -492,7 +492,8 @@ def build_deepspeed_ops() -> None:
 # --------------------------------------------------------------------------------------------------------------------
 
 STRATEGY_WRAPPERS: dict[str, Callable[..., Engine]] = {"ddp": ddp, "fsdp": fsdp, "deepspeed": deepspeed}
-"""Strategy name (``config.STRATEGIES``) → its wrapping function ``(model, train_cfg, world, ema=False) -> Engine``."""
+"""Strategy name (``config.STRATEGIES``) → its wrapping function ``(model, train_cfg, world, ema=False) ->
+Engine``."""
 
 
 def prepare(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine:

@@ -1,0 +1,137 @@
+"""The MLflow schema: every experiment, tag, metric and artifact name that ``par_ray.tracking`` writes and
+``analysis`` reads, defined once (tags, never run names, identify things).
+
+- experiment ``par_ray/<sweep name>`` (:func:`experiment_name`), tagged :data:`TAG_EXPERIMENT_KIND` =
+  :data:`EXPERIMENT_KIND`;
+- parent run per sweep: :data:`TAG_ROLE` = :data:`ROLE_SWEEP`, :data:`TAG_SWEEP`, :data:`TAG_EXPERIMENT_PATH`,
+  :data:`TAG_GIT_COMMIT`;
+- child run per trial: :data:`TAG_PARENT`, :data:`TAG_ROLE` = :data:`ROLE_TRIAL`, and :data:`TRIAL_TAGS` (trial id,
+  recipe, backbone, task, seed, git commit); params = ``par_ray.config.to_flat(cfg)`` (keys ``section.field``);
+- metrics: the loop's reports at ``step=`` the optimizer step (keys in :data:`METRIC_RENAMES` renamed); per test
+  depth D ``{kind}_d{D}`` (:func:`depth_metric`), with a stopping rule's suffix ``_k{k}n{n}t{tau}``
+  (:func:`rule_suffix`) and/or the pending signal's ``_pending``; per iteration k ``{kind}_k{k}``
+  (:func:`iteration_metric`); the final curve :data:`CURVE_BY_DEPTH` / :data:`CURVE_BY_MULTIPLE`;
+- artifacts :data:`ARTIFACTS`.
+
+Metric names are parsed back with :func:`parse_metric`, or, column-wise in polars, with the regular expressions of
+:func:`depth_metric_pattern` and :func:`iteration_metric_pattern` (named groups, valid in Python's ``re`` and in
+polars' Rust regex). This module imports nothing from par_ray: writers and readers at every layer may use it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+EXPERIMENT_PREFIX = "par_ray/"
+"""Experiments are named ``par_ray/<sweep>``."""
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+"""MLflow's experiment kind for model training (3.17 values: ``genai_development``, ``custom_model_development``,
+``finetuning``, ``regression``, ``classification``, ``forecasting``, ``automl``); the UI labels it
+"Machine learning"."""
+
+TAG_ROLE = "par_ray.role"
+"""``sweep`` on a parent run, ``trial`` on a child run."""
+ROLE_SWEEP = "sweep"
+ROLE_TRIAL = "trial"
+TAG_SWEEP = "par_ray.sweep"
+TAG_EXPERIMENT_PATH = "par_ray.experiment_path"
+"""The Tune experiment directory, which identifies a sweep on ``--resume``."""
+TAG_PARENT = "mlflow.parentRunId"
+TAG_TRIAL_ID = "par_ray.trial_id"
+TAG_RECIPE = "par_ray.recipe"
+TAG_BACKBONE = "par_ray.backbone"
+TAG_TASK = "par_ray.task"
+TAG_SEED = "par_ray.seed"
+TAG_GIT_COMMIT = "par_ray.git_commit"
+TRIAL_TAGS = {"trial_id": TAG_TRIAL_ID, "recipe": TAG_RECIPE, "backbone": TAG_BACKBONE, "task": TAG_TASK,
+              "seed": TAG_SEED, "git_commit": TAG_GIT_COMMIT}
+"""What a child run's tags name → the tag (besides :data:`TAG_PARENT` and :data:`TAG_ROLE`)."""
+
+METRIC_RENAMES = {"R": "R_last_step", "depth": "depth_last_step"}
+"""Loop report keys renamed in MLflow: per-step random draws that would otherwise read like config values."""
+CURVE_BY_DEPTH = "acc_by_depth"
+"""The final full-state accuracy curve of a FINISHED trial, at step = test depth d (not an optimizer step)."""
+CURVE_BY_MULTIPLE = "acc_by_multiple"
+"""The same curve at step = d / d_train, for the depths that are integer multiples of d_train."""
+
+ARTIFACT_CONFIG = "config.json"
+ARTIFACT_ACCURACY_JSON = "accuracy_by_depth.json"
+ARTIFACT_ACCURACY_CSV = "accuracy_by_depth.csv"
+ARTIFACT_ACCURACY_PNG = "accuracy_by_depth.png"
+ARTIFACTS = (ARTIFACT_ACCURACY_JSON, ARTIFACT_ACCURACY_CSV, ARTIFACT_ACCURACY_PNG, ARTIFACT_CONFIG)
+"""A trial run's artifacts (the accuracy files only when the trial was evaluated)."""
+
+DEPTH_KINDS = ("acc", "acc_query", "cot_tokens", "oracle_acc", "halt_acc", "halt_gap", "halt_iter", "never_halted",
+               "halt_dR_mean", "halt_dR_std")
+"""Metrics logged per test depth D as ``{kind}_d{D}``: full-state and per-query accuracy, the CoT baseline's mean
+generated tokens, and halting (``par_ray.evaluation.halting_metrics``)."""
+RULE_KINDS = ("halt_acc", "halt_gap", "halt_iter", "never_halted", "halt_dR_mean", "halt_dR_std")
+"""Depth metrics that depend on the stopping rule and signal (oracle stopping does not): logged again per extra rule
+and for the pending signal."""
+ITERATION_KINDS = ("loss", "rms", "halt_prob")
+"""Metrics logged per iteration k as ``{kind}_k{k}``: the probe's loss and state RMS, the mean P(Yes)."""
+PENDING_SUFFIX = "_pending"
+"""Appended to a rule metric of the pending stopping signal (``recipe.dense_pending``)."""
+
+_RULE = r"_k(?P<halt_k>\d+)n(?P<halt_n>\d+)t(?P<halt_tau>\d[0-9.e-]*)"
+
+
+def experiment_name(sweep: str) -> str:
+    """``par_ray/<sweep>``."""
+    return EXPERIMENT_PREFIX + sweep
+
+
+def rule_suffix(k: int, n: int, tau: float) -> str:
+    """``"k4n8t0.3"``: the metric-name suffix of the stopping rule "k of n, τ"; only characters MLflow allows in a
+    metric name (alphanumerics, ``.``, and ``-`` in an exponent such as ``1e-05``)."""
+    return f"k{int(k)}n{int(n)}t{float(tau)!r}"
+
+
+def depth_metric(kind: str, depth: int, rule: tuple[int, int, float] | None = None, pending: bool = False) -> str:
+    """``{kind}_d{depth}``, then ``_`` + :func:`rule_suffix` of an extra stopping ``rule``, then ``_pending`` for the
+    pending signal: ``acc_d8``, ``halt_acc_d32_k4n8t0.3``, ``halt_acc_d32_pending``."""
+    name = f"{kind}_d{depth}"
+    if rule is not None:
+        name += "_" + rule_suffix(*rule)
+    return name + (PENDING_SUFFIX if pending else "")
+
+
+def iteration_metric(kind: str, k: int) -> str:
+    """``{kind}_k{k}``: ``rms_k3``, ``loss_k1``, ``halt_prob_k2``."""
+    return f"{kind}_k{k}"
+
+
+def depth_metric_pattern(kinds: Sequence[str] = DEPTH_KINDS, rule: bool = False, pending: bool = False) -> str:
+    """Regular expression of :func:`depth_metric` names of ``kinds``, with (``rule``) or without an extra rule's
+    suffix, with (``pending``) or without ``_pending``; named groups ``kind``, ``depth`` and, with ``rule``,
+    ``halt_k``, ``halt_n``, ``halt_tau``."""
+    return (rf"^(?P<kind>{'|'.join(map(re.escape, kinds))})_d(?P<depth>\d+)" + (_RULE if rule else "")
+            + (PENDING_SUFFIX if pending else "") + "$")
+
+
+def iteration_metric_pattern(kinds: Sequence[str] = ITERATION_KINDS) -> str:
+    """Regular expression of :func:`iteration_metric` names of ``kinds``; named groups ``kind``, ``k``."""
+    return rf"^(?P<kind>{'|'.join(map(re.escape, kinds))})_k(?P<k>\d+)$"
+
+
+def parse_metric(name: str) -> dict | None:
+    """The parts of a per-depth or per-iteration metric name, ``None`` for any other name.
+
+    Returns ``{"kind", "depth"}`` (+ ``"rule": (k, n, tau)`` for an extra rule's metric, ``"pending": True`` for the
+    pending signal's) or ``{"kind", "k"}``: ``parse_metric("halt_acc_d32_k4n8t0.3")`` →
+    ``{"kind": "halt_acc", "depth": 32, "rule": (4, 8, 0.3), "pending": False}``.
+    """
+    m = re.match(iteration_metric_pattern(), name)
+    if m:
+        return {"kind": m["kind"], "k": int(m["k"])}
+    for kinds, rule, pending in ((DEPTH_KINDS, False, False), (RULE_KINDS, True, False), (RULE_KINDS, False, True),
+                                 (RULE_KINDS, True, True)):
+        m = re.match(depth_metric_pattern(kinds, rule, pending), name)
+        if m:
+            out = {"kind": m["kind"], "depth": int(m["depth"]), "pending": pending}
+            if rule:
+                out["rule"] = (int(m["halt_k"]), int(m["halt_n"]), float(m["halt_tau"]))
+            return out
+    return None
