@@ -11,9 +11,10 @@ Trace format (after the prompt, which ends with its query tokens):
 
 z_k is the block of Q answer tokens after the first k operations (``Episode.states[:, k-1, :]``, in query order), so
 the last block before END is the answer z_d. ``STEP`` and ``END`` are two ids after the task's vocabulary
-(:func:`cot_tokens`): a random-init model gains them (:func:`extra_vocab`); a pretrained parent's vocabulary already
-holds those ids (arbitrary tokens of its tokenizer, as the task's own ids are). Reachability has no intermediate
-state: its ``states`` repeat the answer, so its trace is the answer written d times (``par_ray.tasks.graphs``).
+(:func:`cot_tokens`): a random-init model gains them (``par_ray.trial.VocabLayout.cot``); a pretrained parent's
+vocabulary already holds those ids (arbitrary tokens of its tokenizer, as the task's own ids are). Reachability has
+no intermediate state: its ``states`` repeat the answer, so its trace is the answer written d times
+(``par_ray.tasks.graphs``).
 
 Training (:class:`CotTask`): the teacher-forced sequence ``prompt + trace[:-1]`` with read positions at the last
 prompt token and every trace token but the last, each trained on the next trace token. It goes through the ordinary
@@ -57,12 +58,6 @@ class CotTokens:
 def cot_tokens(task_vocab_size: int) -> CotTokens:
     """STEP = ``task_vocab_size``, END = ``task_vocab_size + 1``."""
     return CotTokens(step=task_vocab_size, end=task_vocab_size + 1)
-
-
-def extra_vocab(recipe_cfg, backbone_cfg) -> int:
-    """Tokens a random-init model's vocabulary gains for CoT: :data:`NUM_COT_TOKENS` when ``recipe_cfg.cot``, else 0
-    (pretrained vocabularies are fixed and already hold the ids)."""
-    return NUM_COT_TOKENS if recipe_cfg.cot and backbone_cfg.pretrained is None else 0
 
 
 def trace_length(depth: int, num_queries: int) -> int:

@@ -154,13 +154,5 @@ def ema_update_(ema_params: Iterable[torch.Tensor], student_params: Iterable[tor
         e.mul_(decay).add_(s.detach().to(e.dtype), alpha=1.0 - decay)
 
 
-def uses_ema(cfg) -> bool:
-    """True when the trial's recipe or any stage's recipe distills from an EMA teacher (the engine then keeps one
-    from the first step, so every stage's checkpoint carries it)."""
-    from par_ray.recipes import stage_recipe
-
-    return cfg.recipe.distill == "ema" or any(stage_recipe(cfg, s).distill == "ema" for s in cfg.stages)
-
-
 __all__ = ["Teacher", "distilled_iterations", "ema_update_", "psd_loss", "teacher_logits",
-           "truncated_prompt", "uses_ema"]
+           "truncated_prompt"]

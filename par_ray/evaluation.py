@@ -277,7 +277,7 @@ def halting_by_depth(
     Args:
         model_fn, task, eval_cfg, rank, world_size, reduce_sum: as in :func:`accuracy_by_depth`.
         halt: ``par_ray.halting.HaltTokens`` of the trial.
-        pending_id: token id of the dense "pending" class (``par_ray.objectives.dense_pending_id``), or ``None``
+        pending_id: token id of the dense "pending" class (``par_ray.trial.VocabLayout.pending_id``), or ``None``
             (no pending signal: results and forward calls as without the argument).
     Returns:
         ``{d: {"halt_acc", "oracle_acc": full-state accuracy (fractions), "halt_iter": mean chosen R,

@@ -14,7 +14,8 @@ Token ids (:func:`halt_tokens`):
 
 - random-init models with a task vocabulary: the task's ids stay as they are; three ids are added after them,
   ``query = V_task``, ``Yes = V_task + 1``, ``No = V_task + 2``, and the model is built with ``V_task + 3`` tokens —
-  only when some stage of the trial trains halting (``par_ray.stages.uses_halting``), so other trials are unchanged;
+  only when some stage of the trial trains halting (``par_ray.trial.Resolved.halting``; ``VocabLayout``), so other
+  trials are unchanged;
 - pretrained parents: the tokenizer's own ``" Yes"`` and ``" No"`` tokens and ``"?"`` as the query (each must be a
   single token), so the pretrained readout starts from its meaning of the words.
 
@@ -66,11 +67,6 @@ def halt_tokens(task, backbone_cfg) -> HaltTokens:
     from transformers import AutoTokenizer
 
     return tokenizer_halt_tokens(AutoTokenizer.from_pretrained(backbone_cfg.pretrained))
-
-
-def model_vocab_size(task, backbone_cfg, halting: bool) -> int:
-    """Vocabulary of a random-init model: the task's, plus :data:`NUM_HALT_TOKENS` when halting is trained."""
-    return task.vocab_size + (NUM_HALT_TOKENS if halting and backbone_cfg.pretrained is None else 0)
 
 
 def with_halt_query(ep: Episode, query_id: int) -> Episode:

@@ -86,35 +86,6 @@ def par_loss(logits_KBQV: torch.Tensor, iterations: list[int], states_BDQ: torch
     )
 
 
-def dense_classes(task, recipe_cfg) -> int:
-    """Readout classes the dense progress targets add after the rest of a random-init model's vocabulary (the task's
-    tokens and any halting tokens): one per whole-task state, plus "pending" with ``recipe_cfg.dense_pending``; 0 when
-    ``recipe_cfg.dense_targets`` is off."""
-    return task.num_states + int(recipe_cfg.dense_pending) if recipe_cfg.dense_targets else 0
-
-
-def dense_class_offset(task, cfg) -> int:
-    """Token id of dense state class 0 for trial config ``cfg``: the model vocabulary before the dense classes — the
-    task's tokens, the halting tokens when the trial trains halting (``par_ray.halting``), the CoT trace's STEP/END
-    (``par_ray.cot``). The "pending" class (``recipe.dense_pending``) is ``dense_class_offset + task.num_states``."""
-    from par_ray.cot import extra_vocab
-    from par_ray.halting import model_vocab_size
-    from par_ray.stages import uses_halting
-
-    return model_vocab_size(task, cfg.backbone, uses_halting(cfg)) + extra_vocab(cfg.recipe, cfg.backbone)
-
-
-def dense_pending_id(task, cfg) -> int | None:
-    """Token id of the dense "pending" class for trial config ``cfg`` — ``dense_class_offset + task.num_states``,
-    the class after the dense state classes — or ``None`` unless ``cfg.recipe`` has both ``dense_targets`` and
-    ``dense_pending`` (the model vocabulary then has no such class). Halting evaluation reads 1 − P(pending) at the
-    last operation as a par_ray stopping signal (``par_ray.evaluation.halting_by_depth``; docs/experiments.md
-    §14)."""
-    if not (cfg.recipe.dense_targets and cfg.recipe.dense_pending):
-        return None
-    return dense_class_offset(task, cfg) + task.num_states
-
-
 def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progress_ids_BD: torch.Tensor,
                         ops_per_iteration: int, class_offset: int, pending_id: int | None = None,
                         given: int = 0) -> LossOutput:
@@ -125,7 +96,7 @@ def dense_progress_loss(logits_KBDV: torch.Tensor, iterations: list[int], progre
         logits_KBDV: readouts at the d operation positions of iterations ``iterations`` (1-based), (K, B, D, V).
         progress_ids_BD: state class after each prefix, (B, D) in 0..num_states-1 (``Episode.progress_ids``).
         ops_per_iteration: c.
-        class_offset: token id of state class 0 (the task's vocabulary size).
+        class_offset: token id of state class 0 (``par_ray.trial.VocabLayout.dense_offset``).
         pending_id: ``None``: positions past the frontier are not supervised. Otherwise the token id they are trained
             on (the "pending" class, ``recipe.dense_pending``).
         given: m, operations given solved as state tokens (``Episode.given``): they are behind the frontier from

@@ -105,15 +105,13 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import typing
 from dataclasses import dataclass
 
 from par_ray.accelerators import GPU_MEMORY_GB  # re-exported: GPU type -> GB, beside the plans that use it
-from par_ray.config import STRATEGIES
+from par_ray.config import STRATEGIES, TrialConfig
 from par_ray.model.registry import BACKBONES
-
-if typing.TYPE_CHECKING:
-    from par_ray.config import TrialConfig
+from par_ray.schedules import iterations_at
+from par_ray.trial import Resolved, resolve
 
 ZERO_STAGES = (1, 2, 3)
 DTYPES = ("bf16", "fp32")
@@ -472,43 +470,34 @@ def plan(backbone: str, strategy: str, world_size: int, R: int, grad_window: int
     )
 
 
-def plan_trial(cfg: TrialConfig) -> MemoryPlan:
+def plan_trial(cfg: TrialConfig, trial: Resolved | None = None) -> MemoryPlan:
     """The :func:`plan` of one trial's training step, at its largest train depth, per GPU (per worker).
 
     The one mapping from a :class:`~par_ray.config.TrialConfig` to the planner's workload, read by the sweeps' dry
     run and by the paper preset's choice of strategy, GPU count and GPU type (``par_ray.presets.fit_parallelism``):
     R as the recipe draws it at ``task.train_depth`` (``recipe.max_iterations`` under the hold schedule or untied
-    copies; capped at ``recipe.max_iterations``), the global batch split over ``train.num_workers``, the prompt
-    length and read positions of one episode at ``task.train_depth`` (the chain-of-thought baseline's prompt +
-    trace, ``par_ray.cot``; one more token and read position for a halting query, ``par_ray.halting``), the
-    checkpoint's vocabulary (a random-init backbone: the task's, plus the halting tokens), bf16 on GPUs and fp32 on
-    CPU, and an EMA teacher when any stage distills from one (``par_ray.distill.uses_ema``).
+    copies; capped at ``recipe.max_iterations``), the global batch split over ``train.num_workers``, the longest
+    training sequence and its read positions (``par_ray.trial.Resolved.reads``: the prompt at d_train with any given
+    prefix and filler, the chain-of-thought baseline's trace, the halting query; the answers, the halting query and
+    the operation positions the dense targets read), the model's vocabulary (``par_ray.trial.VocabLayout``: task |
+    halting | CoT | dense classes, or a pretrained parent's own), bf16 on GPUs and fp32 on CPU, and an EMA teacher
+    when any stage distills from one. ``trial``: ``par_ray.trial.resolve`` of ``cfg`` (or of a config that differs
+    from it only in ``train``, which resolves the same), when the caller has it already.
 
     Raises ``ValueError`` for an unknown task (the task registry's error) or arguments :func:`plan` rejects.
     """
-    from par_ray.cot import CotTask, cot_tokens
-    from par_ray.distill import uses_ema
-    from par_ray.halting import NUM_HALT_TOKENS
-    from par_ray.schedules import iterations_at
-    from par_ray.stages import uses_halting
-    from par_ray.tasks import get_task
-
-    task, tr, rc = get_task(cfg.task.name), cfg.train, cfg.recipe
-    # the chain-of-thought baseline trains on prompt + trace: its sequences are the longer ones
-    data = CotTask(task, cot_tokens(task.vocab_size)) if rc.cot else task
-    episode = data.sample(cfg.task.train_depth, 1, seed=0)
-    halt = int(uses_halting(cfg))  # the halting query: one more token and one more read position
+    trial = trial or resolve(cfg)
+    tr, rc, reads = cfg.train, cfg.recipe, trial.reads()
     R = rc.max_iterations if rc.depth_schedule == "hold" or not rc.tied else iterations_at(
         cfg.task.train_depth, rc.ops_per_iteration, rc.fixed_iterations)
     return plan(
         cfg.backbone.name, tr.strategy, tr.num_workers, R=min(R, rc.max_iterations), grad_window=rc.grad_window,
-        micro_batch=tr.batch_size // tr.num_workers, seq_len=int(episode.input_ids.shape[1]) + halt,
+        micro_batch=tr.batch_size // tr.num_workers, seq_len=reads.seq_len,
         zero_stage=tr.zero_stage, offload=tr.zero_offload, dtype="bf16" if tr.use_gpu else "fp32",
-        read_positions=int(episode.read_positions.numel()) + halt, split=cfg.backbone.split, tied=rc.tied,
+        read_positions=reads.total, split=cfg.backbone.split, tied=rc.tied,
         untied_copies=rc.max_iterations, anchoring=rc.anchoring,
-        # checkpoints keep their vocabulary; a task vocabulary gains the halting tokens (par_ray.halting)
-        vocab_size=None if cfg.backbone.pretrained else task.vocab_size + NUM_HALT_TOKENS * halt,
-        ema=uses_ema(cfg))
+        # a pretrained parent keeps its vocabulary (the registry's, as model_shape's default)
+        vocab_size=None if cfg.backbone.pretrained else trial.vocab.size, ema=trial.ema)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

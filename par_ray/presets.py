@@ -132,14 +132,16 @@ def fit_parallelism(cfg: TrialConfig, gpu_types: typing.Sequence[str] = ()) -> d
     """
     from par_ray.config import with_overrides
     from par_ray.planner import plan_trial
+    from par_ray.trial import resolve
 
+    trial = resolve(cfg)  # the candidates change only train.*, which the stages and vocabulary do not read
     targets = gpu_targets(gpu_types) or [("", PAPER_GPU_MEMORY_GB, None)]
     for gpu, gb, most in targets:
         for strategy, n, stage in PAPER_PARALLELISM_CANDIDATES:
             if (most is not None and n > most) or (strategy == "deepspeed" and not cfg.recipe.tied):
                 continue
-            trial = with_overrides(cfg, train={"strategy": strategy, "num_workers": n, "zero_stage": stage})
-            if plan_trial(trial).fits(gb * PAPER_HEADROOM):
+            candidate = with_overrides(cfg, train={"strategy": strategy, "num_workers": n, "zero_stage": stage})
+            if plan_trial(candidate, trial).fits(gb * PAPER_HEADROOM):
                 return {"train.strategy": strategy, "train.num_workers": n, "train.zero_stage": stage,
                         **({"train.accelerator_type": gpu} if gpu else {})}
     on = f"GPU types {list(gpu_types)}" if gpu_types else f"{PAPER_GPU_MEMORY_GB:g} GB GPUs"
@@ -163,9 +165,11 @@ def paper_parallelism(backbone: str, task: str = "swap_s5", gpu_types: typing.Se
 
 
 def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 0,
-                 gpu_types: typing.Sequence[str] = ()) -> TrialConfig:
+                 gpu_types: typing.Sequence[str] = (), parallelism: bool = True) -> TrialConfig:
     """The base trial of ``preset`` (``local`` or ``paper``) for one backbone, task and seed; ``gpu_types``: the
-    paper preset's GPU types, cheapest first (:func:`paper_parallelism`).
+    paper preset's GPU types, cheapest first (:func:`paper_parallelism`). ``parallelism=False``: leave the paper
+    trial's ``train.*`` parallelism unplanned, for a caller that plans the config it finally runs
+    (``par_ray.sweep.resolve``), so the planner runs once per trial.
 
     Raises ``ValueError`` naming ``preset``, ``backbone.name`` or ``--gpu-types`` (given to a preset other than
     ``paper``, or unknown).
@@ -180,7 +184,9 @@ def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 
     if gpu_types and preset != "paper":
         raise ValueError(f"--gpu-types: only the paper preset plans per GPU type; preset {preset!r} runs on CPUs")
     cfg = PRESETS[preset](backbone, task, seed)
-    return from_flat(paper_parallelism(backbone, task, gpu_types=gpu_types), base=cfg) if preset == "paper" else cfg
+    if preset == "paper" and parallelism:
+        cfg = from_flat(fit_parallelism(cfg, gpu_types), base=cfg)
+    return cfg
 
 
 def smoke_overrides(cfg: TrialConfig) -> dict[str, object]:

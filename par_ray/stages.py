@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from par_ray.config import FROZEN_PARTS, RecipeConfig, StageConfig, TrialConfig, stage_steps
+from par_ray.recipes import stage_recipe
 
 FROZEN_PREFIXES: dict[str, tuple[str, ...] | None] = {
     "none": None,
@@ -45,9 +46,8 @@ class Stage:
 
 def resolve_stages(cfg: TrialConfig) -> list[Stage]:
     """The trial's stages with global step bounds (``config.stage_steps``); the stage with neither ``steps`` nor
-    ``share`` gets what the others leave of ``train.steps``. Assumes ``cfg`` validated (``TrialConfig.validate``)."""
-    from par_ray.recipes import stage_recipe
-
+    ``share`` gets what the others leave of ``train.steps``. Assumes ``cfg`` validated (``par_ray.trial.validate``);
+    ``par_ray.trial.resolve`` calls it once per trial."""
     total = cfg.train.steps
     fixed = sum(stage_steps(s, total) for s in cfg.stages)
     out, start = [], 0
@@ -80,13 +80,4 @@ def frozen_parameters(model: nn.Module, frozen: str) -> list[nn.Parameter]:
     return [p for name, p in model.named_parameters() if not name.startswith(keep)]
 
 
-def uses_halting(cfg: TrialConfig) -> bool:
-    """True when the trial's recipe or any stage's recipe trains the halting read-out (the model then needs the
-    halting tokens in its vocabulary from the start)."""
-    from par_ray.recipes import stage_recipe
-
-    return cfg.recipe.halting or any(stage_recipe(cfg, s).halting for s in cfg.stages)
-
-
-__all__ = ["FROZEN_PREFIXES", "Stage", "StageConfig", "frozen_parameters", "resolve_stages", "stage_at",
-           "uses_halting"]
+__all__ = ["FROZEN_PREFIXES", "Stage", "StageConfig", "frozen_parameters", "resolve_stages", "stage_at"]

@@ -7,6 +7,10 @@ This module sits one layer up, beside the registries it reads (backbones ``par_r
 - :func:`validate` — the config's own field checks (``config.config_errors``) and every check that needs a registry
   or the file system (:func:`registry_errors`), raised as ONE ``ValueError`` listing every problem, before any
   cluster resource is claimed (litgpt ``validate_args``).
+- :func:`resolve` — what a valid config means, once per trial: its stages (each stage's recipe applied once), whether
+  halting or an EMA teacher is on, and the one :class:`VocabLayout` (task | halting | CoT | dense classes) that the
+  training loop builds its model with, checkpoint loading rebuilds it with and the memory planner plans it with
+  (:meth:`Resolved.reads`: the longest training sequence and its read positions).
 """
 
 from __future__ import annotations
@@ -14,13 +18,17 @@ from __future__ import annotations
 import os
 import re
 import typing
+from dataclasses import dataclass
 
 from par_ray.accelerators import GPU_MEMORY_GB
 from par_ray.config import (DISTILL_MODES, HALTING_AND_STAGE_FIELDS, StageConfig, TrialConfig, config_errors,
                             type_errors)
+from par_ray.cot import NUM_COT_TOKENS, CotTask, cot_tokens
+from par_ray.halting import NUM_HALT_TOKENS
 from par_ray.model.registry import BACKBONES
 from par_ray.recipes import RECIPES
-from par_ray.tasks import TASKS
+from par_ray.stages import Stage, resolve_stages
+from par_ray.tasks import TASKS, build_task, get_task
 
 STAGE_FIXED_RECIPE_FIELDS = ("anchoring", "tied", "max_iterations", "cot")
 """Recipe fields built into the model once per trial: a stage's recipe may not change them."""
@@ -180,3 +188,133 @@ def pretrained_errors(value: str) -> list[str]:
         return [f"backbone.pretrained: {value!r} holds no config.json, so it is not a transformers checkpoint "
                 f"directory"]
     return []
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What a valid config resolves to
+
+
+@dataclass(frozen=True)
+class VocabLayout:
+    """The model vocabulary of a trial, in id order: task | halting | CoT | dense classes.
+
+    A random-init parent is built with :attr:`size` = the sum of the four parts: the task's tokens (ids 0..task-1),
+    then the halting query, Yes and No when some stage trains halting (``par_ray.halting``), then the CoT trace's
+    STEP and END (``par_ray.cot``), then one dense class per whole-task state and the "pending" class
+    (``recipe.dense_targets``, ``recipe.dense_pending``; ``par_ray.objectives.dense_progress_loss``). A pretrained
+    parent keeps its own vocabulary (:attr:`parent`, the registry's size): it adds no ids (halting reads the
+    tokenizer's words, ``par_ray.halting.tokenizer_halt_tokens``).
+    """
+
+    task: int
+    """The task's tokens (``Task.vocab_size``)."""
+    halting: int
+    """Halting ids after them: :data:`par_ray.halting.NUM_HALT_TOKENS` when a stage trains halting on a random-init
+    parent, else 0."""
+    cot: int
+    """CoT trace ids after those: :data:`par_ray.cot.NUM_COT_TOKENS` with ``recipe.cot`` on a random-init parent."""
+    dense: int
+    """Dense classes last: ``Task.num_states`` (+ 1 with ``recipe.dense_pending``) with ``recipe.dense_targets``."""
+    pending: bool
+    """The last dense class is "pending" (``recipe.dense_targets`` and ``recipe.dense_pending``)."""
+    parent: int | None = None
+    """A pretrained parent's fixed vocabulary (``BACKBONES[name].vocab_size``); ``None`` for random init."""
+
+    @property
+    def halt_offset(self) -> int:
+        """Id of the halting query (Yes, No follow) on a random-init parent."""
+        return self.task
+
+    @property
+    def cot_offset(self) -> int:
+        """Id of the trace's STEP (END follows)."""
+        return self.task + self.halting
+
+    @property
+    def dense_offset(self) -> int:
+        """Id of dense state class 0: the vocabulary before the dense classes."""
+        return self.task + self.halting + self.cot
+
+    @property
+    def pending_id(self) -> int | None:
+        """Id of the dense "pending" class, ``None`` when there is none."""
+        return self.dense_offset + self.dense - 1 if self.pending else None
+
+    @property
+    def size(self) -> int:
+        """Rows of the model's embedding and lm_head: the sum of the parts, or a pretrained parent's own."""
+        return self.parent if self.parent is not None else self.dense_offset + self.dense
+
+
+@dataclass(frozen=True)
+class Reads:
+    """The longest training sequence of a trial and the positions the readout reads in it, at d_train."""
+
+    seq_len: int
+    """Tokens T: the prompt at d_train (+ ``task.given_prefix`` given operations, + ``task.train_filler``
+    separators), the CoT trace, the halting query."""
+    answers: int
+    """Answer read positions Q of one prompt (the CoT trace's tokens for ``recipe.cot``)."""
+    halt: int
+    """1 when a stage trains halting (the appended halting query is read after the answers), else 0."""
+    dense: int
+    """Operation positions read for the dense targets (d_train + ``task.given_prefix``) when a stage trains them."""
+
+    @property
+    def total(self) -> int:
+        """Read positions of one forward pass: answers, halting query, operation positions (``train_step``)."""
+        return self.answers + self.halt + self.dense
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a validated :class:`~par_ray.config.TrialConfig` means, computed once per trial by :func:`resolve`."""
+
+    config: TrialConfig
+    stages: tuple[Stage, ...]
+    """The stages with global step bounds and the recipe each trains with (``par_ray.stages.resolve_stages``)."""
+    halting: bool
+    """Some stage trains the halting read-out: the vocabulary has the halting ids from the start."""
+    ema: bool
+    """Some stage distills from an EMA teacher: the engine keeps one from the first step (``par_ray.distill``)."""
+    dense_reads: bool
+    """Some stage trains the dense progress targets (its steps read every operation position)."""
+    vocab: VocabLayout
+
+    def reads(self) -> Reads:
+        """The longest training sequence and its read positions at d_train (what the planner plans): one episode of
+        the task at depth d_train + ``task.given_prefix`` (the CoT baseline's prompt + trace), + ``task.train_filler``
+        separators and the halting query."""
+        cfg = self.config
+        task = build_task(cfg.task)  # op_order applied; the filler and the given prefix are counted below
+        data = CotTask(task, cot_tokens(self.vocab.cot_offset)) if cfg.recipe.cot else task
+        ops = cfg.task.train_depth + cfg.task.given_prefix
+        ep = data.sample(ops, 1, seed=0)
+        halt = int(self.halting)
+        dense = int(ep.op_positions.numel()) if self.dense_reads and ep.op_positions is not None else 0
+        return Reads(seq_len=int(ep.input_ids.shape[1]) + cfg.task.train_filler + halt,
+                     answers=int(ep.read_positions.numel()), halt=halt, dense=dense)
+
+
+def resolve(cfg: TrialConfig) -> Resolved:
+    """The stages, flags and vocabulary layout of a validated config (:func:`validate`), each stage's recipe applied
+    once. The training loop, checkpoint loading and the memory planner all read them from here.
+
+    Raises ``ValueError`` for an unknown task or stage recipe (the registries' errors; :func:`validate` names them
+    first).
+    """
+    stages = tuple(resolve_stages(cfg))
+    recipes = [cfg.recipe, *(s.recipe for s in stages)]
+    halting = any(r.halting for r in recipes)
+    task = get_task(cfg.task.name)
+    r, random_init = cfg.recipe, cfg.backbone.pretrained is None
+    vocab = VocabLayout(
+        task=task.vocab_size,
+        halting=NUM_HALT_TOKENS if halting and random_init else 0,
+        cot=NUM_COT_TOKENS if r.cot and random_init else 0,
+        dense=task.num_states + int(r.dense_pending) if r.dense_targets else 0,
+        pending=bool(r.dense_targets and r.dense_pending),
+        parent=None if random_init else BACKBONES[cfg.backbone.name].vocab_size,
+    )
+    return Resolved(config=cfg, stages=stages, halting=halting, ema=any(r.distill == "ema" for r in recipes),
+                    dense_reads=any(r.dense_targets for r in recipes), vocab=vocab)

@@ -30,10 +30,9 @@ import torch
 
 from par_ray.evaluation import halting_by_depth
 from par_ray.halting import halt_tokens
-from par_ray.model import load_trained
-from par_ray.objectives import dense_pending_id
-from par_ray.stages import uses_halting
 from par_ray.tasks import build_task
+from par_ray.train.checkpoint import load_trained
+from par_ray.trial import resolve
 
 RULES = ((6, 8, 0.5), (1, 1, 0.5), (6, 8, 0.7))
 """The paper's rule, the first crossing, and the stricter threshold."""
@@ -44,10 +43,11 @@ def signals(run: str, depths: list[int], n: int) -> list[dict]:
     ``pending_id``, the rules :data:`RULES` (the first as the primary rule), all ``n`` sequences in one chunk."""
     trained = load_trained(run)
     cfg, model = trained.config, trained.model
-    if not uses_halting(cfg):
+    trial = resolve(cfg)
+    if not trial.halting:
         raise ValueError(f"{run}: trained without recipe.halting, so it has no halting query to read")
     task = build_task(cfg.task)
-    pending_id = dense_pending_id(task, cfg)  # the class after the dense state classes
+    pending_id = trial.vocab.pending_id  # the class after the dense state classes
     if pending_id is None:
         raise ValueError(f"{run}: the pending signal needs recipe.dense_targets and recipe.dense_pending")
     c = cfg.recipe.ops_per_iteration
@@ -73,7 +73,7 @@ def signals(run: str, depths: list[int], n: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", help="run or checkpoint directories (par_ray.model.load_trained)")
+    ap.add_argument("runs", nargs="+", help="run or checkpoint directories (par_ray.train.checkpoint.load_trained)")
     ap.add_argument("--depths", default="6,12,24", help="comma-separated test depths")
     ap.add_argument("-n", type=int, default=256, help="sequences per depth")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")

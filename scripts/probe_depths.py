@@ -2,7 +2,7 @@
 
     python scripts/probe_depths.py runs/par-s0 --max-depth 32
 
-Loads the run's final model with ``par_ray.model.load_trained`` (``RUN`` is a run directory of ``python -m
+Loads the run's final model with ``par_ray.train.checkpoint.load_trained`` (``RUN``: a run directory of ``python -m
 par_ray.train`` or any checkpoint directory, written by any strategy: ddp, fsdp, deepspeed), on this process.
 Shows where a learned solution stops: the depth curve (does accuracy decay smoothly or fall off a cliff right past
 d_train?) and, at a fixed depth, whether iteration k really holds z_k (the progress-aligned target). The diagnosis
@@ -18,9 +18,9 @@ import argparse
 
 import torch
 
-from par_ray.model import load_trained
-from par_ray.objectives import dense_class_offset
 from par_ray.tasks import build_task
+from par_ray.train.checkpoint import load_trained
+from par_ray.trial import resolve
 
 
 def main() -> None:
@@ -58,7 +58,7 @@ def main() -> None:
         if cfg.recipe.targets == "progress":  # elsewhere the queries are not trained on z_k before the end
             print(diagnosis(hits, cfg.task.train_depth, c))
         if cfg.recipe.dense_targets:
-            base_vocab = dense_class_offset(task, cfg)  # dense classes come after it
+            base_vocab = resolve(cfg).vocab.dense_offset  # dense classes come after it
             frontier = frontier_by_iteration(model, ep, -(-d // c), base_vocab)
             print(f"\nat depth {d}: frontier (operations whose state is right in >= 90 % of sequences) per iteration")
             print("k:        " + " ".join(f"{k:>4}" for k in range(1, len(frontier) + 1)))

@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 from par_ray import presets
 from par_ray.config import BackboneConfig, RecipeConfig, STRATEGIES, with_overrides
-from par_ray.cot import (CotTask, cot_accuracy_by_depth, cot_tokens, extra_vocab, final_state, format_trace,
+from par_ray.cot import (CotTask, cot_accuracy_by_depth, cot_tokens, final_state, format_trace,
                          greedy_decode, parse_trace, trace_length)
 from par_ray.evaluation import accuracy_by_depth
 from par_ray.model.looped import build_looped
@@ -21,7 +21,7 @@ from par_ray.tasks import TASKS, build_task
 from par_ray.train.loop import eval_metrics
 from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
-from par_ray.trial import validate
+from par_ray.trial import resolve, validate
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread per module
 
@@ -107,10 +107,10 @@ def test_plan_step_runs_the_fixed_r_at_every_depth():
 
 
 def engine_and_tasks(cfg):
-    task = build_task(cfg.task)
-    train_task = CotTask(task, cot_tokens(task.vocab_size)) if cfg.recipe.cot else task
+    task, vocab = build_task(cfg.task), resolve(cfg).vocab
+    train_task = CotTask(task, cot_tokens(vocab.cot_offset)) if cfg.recipe.cot else task
     torch.manual_seed(0)
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=task.vocab_size + extra_vocab(cfg.recipe, cfg.backbone))
+    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=vocab.size)  # CoT: + STEP/END
     return prepare(model, cfg.train, World()), task, train_task
 
 
@@ -283,7 +283,7 @@ def test_cot_decoding_through_fsdp2_equals_the_plain_model(one_rank_group):
 def test_baseline_trains_through_the_loop_and_its_export_loads(recipe, tmp_path):
     """The real worker function in Ray Train's local mode: training, evaluation (CoT: greedy, with its token cost),
     the final export, and ``load_trained`` rebuilding the same vocabulary (CoT: + STEP/END)."""
-    from par_ray.model import load_trained
+    from par_ray.train.checkpoint import load_trained
     from par_ray.train.trainer import build_trainer
 
     cfg = tiny_trial(recipe, train=dict(steps=3, batch_size=4, warmup_steps=1, eval_every=3, report_every=3))

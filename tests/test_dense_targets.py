@@ -9,14 +9,14 @@ import torch.nn.functional as F
 
 from par_ray.config import BackboneConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig
 from par_ray.model.looped import build_looped
-from par_ray.objectives import dense_classes, dense_progress_loss
+from par_ray.objectives import dense_progress_loss
 from par_ray.schedules import plan_step
 from par_ray.tasks import build_task, get_task
 from par_ray.tasks.common import Filler, RecentFirst
 from par_ray.tasks.permutations import ALL_PERMUTATIONS, OBJ_BASE
 from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
-from par_ray.trial import validate
+from par_ray.trial import resolve, validate
 
 
 @pytest.mark.parametrize("name", ["swap_s5", "s5", "a5"])
@@ -95,9 +95,10 @@ def test_dense_step_trains_every_readout_and_keeps_the_query_accuracy():
     torch.set_num_threads(1)
     task_cfg, recipe = TaskConfig(train_depth=4), RecipeConfig(dense_targets=True, extra_iterations=2, grad_window=3)
     task = build_task(task_cfg)
-    assert dense_classes(task, recipe) == 120
+    vocab = resolve(TrialConfig(task=task_cfg, recipe=recipe)).vocab
+    assert vocab.dense == 120 and vocab.dense_offset == task.vocab_size and vocab.size == task.vocab_size + 120
     torch.manual_seed(0)
-    model = build_looped(BackboneConfig(), recipe, vocab_size=task.vocab_size + dense_classes(task, recipe))
+    model = build_looped(BackboneConfig(), recipe, vocab_size=vocab.size)
     engine = prepare(model, TrainConfig(batch_size=8, warmup_steps=0), World())
     losses = [train_step(engine, task, task_cfg, build_step_loss(recipe, task), 0, step, 8).loss for step in range(3)]
     # query CE starts near ln(V) and the dense CE near ln(V) too: their sum
@@ -189,7 +190,8 @@ def test_pending_class_supervises_every_position_past_the_frontier():
     out.loss.backward()
     assert (logits.grad.abs().sum(-1) > 0).all()  # every position of every iteration is trained
     recipe = RecipeConfig(dense_targets=True, dense_pending=True)
-    assert dense_classes(get_task("swap_s5"), recipe) == 121
+    vocab = resolve(TrialConfig(recipe=recipe)).vocab
+    assert vocab.dense == 121 and vocab.pending_id == get_task("swap_s5").vocab_size + 120 == vocab.size - 1
     with pytest.raises(ValueError, match="recipe.dense_pending"):
         validate(TrialConfig(recipe=RecipeConfig(dense_pending=True)))
 
@@ -235,10 +237,10 @@ def test_given_prefix_step_reads_the_given_operations_as_state_tokens(monkeypatc
     torch.set_num_threads(1)
     task_cfg = TaskConfig(train_depth=3, given_prefix=2)
     recipe = RecipeConfig(dense_targets=True, dense_pending=True, grad_window=2)
-    validate(TrialConfig(task=task_cfg, recipe=recipe))
+    vocab = resolve(validate(TrialConfig(task=task_cfg, recipe=recipe))).vocab
     task = build_task(task_cfg, train=True)
     torch.manual_seed(0)
-    model = build_looped(BackboneConfig(), recipe, vocab_size=task.vocab_size + dense_classes(task, recipe))
+    model = build_looped(BackboneConfig(), recipe, vocab_size=vocab.size)
     engine = prepare(model, TrainConfig(batch_size=4, warmup_steps=0), World())
     seen = []
     real = model.iterate

@@ -13,14 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from par_ray.config import RecipeConfig, StageConfig, TaskConfig, TrainConfig, TrialConfig, with_overrides
-from par_ray.distill import distilled_iterations, ema_update_, psd_loss, truncated_prompt, uses_ema
+from par_ray.distill import distilled_iterations, ema_update_, psd_loss, truncated_prompt
 from par_ray.model.looped import build_looped
 from par_ray.planner import plan
 from par_ray.recipes import RECIPES, apply_recipe
 from par_ray.tasks import build_task, get_task
 from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
-from par_ray.trial import validate
+from par_ray.trial import resolve, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = TaskConfig(name="s5", train_depth=4)
@@ -37,7 +37,7 @@ def engine_for(cfg: TrialConfig):
     task = build_task(cfg.task)
     torch.manual_seed(0)
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=task.vocab_size)
-    return prepare(model, cfg.train, World(), ema=uses_ema(cfg)), task
+    return prepare(model, cfg.train, World(), ema=resolve(cfg).ema), task
 
 
 def run(engine, task, cfg, steps):
@@ -231,10 +231,10 @@ def test_psd_recipes_validate_under_every_strategy(train):
         cfg = psd_trial(name, **train)
         assert cfg.recipe.name == name and cfg.recipe.targets == "final"
         assert cfg.recipe.distill == {"psd_ema": "ema", "psd_live": "live", "final_answer": "none"}[name]
-        assert uses_ema(cfg) == (name == "psd_ema")
+        assert resolve(cfg).ema == (name == "psd_ema")
     assert list(RECIPES)[-2:] == ["psd_ema", "psd_live"]
     staged = dataclasses.replace(psd_trial("par"), stages=(StageConfig(), StageConfig(steps=1, recipe="psd_ema")))
-    assert staged.recipe.distill == "none" and uses_ema(staged)  # a stage's EMA teacher is kept from step 0
+    assert staged.recipe.distill == "none" and resolve(staged).ema  # a stage's EMA teacher is kept from step 0
 
 
 def test_planner_counts_the_ema_teacher_per_gpu():

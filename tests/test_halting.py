@@ -8,18 +8,20 @@ import re
 import pytest
 import torch
 
-from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig
+from par_ray.config import (BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig,
+                            with_overrides)
 from par_ray.evaluation import halt_max_iterations, halting_by_depth, halting_metrics, k_of_n_stop, k_of_n_stops
-from par_ray.halting import (HaltTokens, model_vocab_size, p_yes, task_halt_tokens, tokenizer_halt_tokens,
+from par_ray.halting import (HaltTokens, p_yes, task_halt_tokens, tokenizer_halt_tokens,
                              with_halt_query, yes_no_logits)
 from par_ray.model.looped import LoopedOutput, build_looped
 from par_ray.objectives import halting_class_weights, halting_loss, halting_targets, par_loss
+from par_ray.recipes import apply_recipe
 from par_ray.stages import frozen_parameters
 from par_ray.tasks import build_task, get_task
 from par_ray.train.step import build_step_loss, train_step
 from par_ray.tracking_schema import rule_suffix
 from par_ray.train.strategies import World, prepare
-from par_ray.trial import validate
+from par_ray.trial import resolve, validate
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread per module
@@ -146,9 +148,11 @@ def test_task_vocabulary_gains_three_ids_only_with_halting():
     task = get_task("swap_s5")
     tok = task_halt_tokens(task.vocab_size)
     assert (tok.query, tok.yes, tok.no) == (task.vocab_size, task.vocab_size + 1, task.vocab_size + 2)
-    assert model_vocab_size(task, BackboneConfig(), halting=False) == task.vocab_size
-    assert model_vocab_size(task, BackboneConfig(), halting=True) == task.vocab_size + 3
-    assert model_vocab_size(task, BackboneConfig(pretrained="/some/dir"), halting=True) == task.vocab_size
+    halting = apply_recipe(TrialConfig(), "par_halt")
+    assert resolve(TrialConfig()).vocab.size == task.vocab_size
+    assert resolve(halting).vocab.size == task.vocab_size + 3 and resolve(halting).vocab.halt_offset == tok.query
+    pretrained = resolve(with_overrides(halting, backbone={"pretrained": "/some/dir"})).vocab
+    assert pretrained.halting == 0 and pretrained.parent is not None  # the tokenizer's own words, no ids added
 
 
 class _Tokenizer:
@@ -318,7 +322,7 @@ def _scripted_pending():
     logit 0, s_b = (first operation token mod 3) − 2 ∈ {−2, −1, 0}: 1 − P(pending) > 0.5 exactly from iteration
     d + s_b + 1 on (P(pending) > 0.99 before, < 1e-6 after). Every logit tensor returned is kept in ``seen``."""
     task, tok, cfg, tests, halting_fn = _scripted_halting()
-    offset = task.vocab_size + 3  # dense_class_offset of a random-init halting trial
+    offset = task.vocab_size + 3  # VocabLayout.dense_offset of a random-init halting trial
     pending_id = offset + task.num_states
     V = pending_id + 1
     seen = []
@@ -412,9 +416,7 @@ def test_pending_metric_names_only_with_the_pending_signal():
 @pytest.mark.parametrize("dense_pending", [True, False])
 def test_the_loops_evaluation_logs_the_pending_signal_only_with_dense_pending(dense_pending):
     from par_ray import presets
-    from par_ray.config import with_overrides
     from par_ray.halting import halt_tokens
-    from par_ray.objectives import dense_class_offset, dense_classes, dense_pending_id
     from par_ray.train.loop import eval_metrics
 
     cfg = validate(with_overrides(presets.local_trial(), task=dict(train_depth=3),
@@ -423,12 +425,12 @@ def test_the_loops_evaluation_logs_the_pending_signal_only_with_dense_pending(de
                                   train=dict(steps=2, batch_size=4, warmup_steps=1),
                                   eval=dict(depths=(3,), num_sequences=4, batch_size=4)))
     task = get_task("swap_s5")
-    assert (dense_pending_id(task, cfg) is not None) == dense_pending
+    vocab = resolve(cfg).vocab
+    assert (vocab.pending_id is not None) == dense_pending
     if dense_pending:
-        assert dense_pending_id(task, cfg) == dense_class_offset(task, cfg) + task.num_states
+        assert vocab.pending_id == vocab.dense_offset + task.num_states == task.vocab_size + 3 + task.num_states
     torch.manual_seed(0)
-    model = build_looped(cfg.backbone, cfg.recipe,
-                         vocab_size=dense_class_offset(task, cfg) + dense_classes(task, cfg.recipe))
+    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=vocab.size)
     engine = prepare(model, cfg.train, World())
     m = eval_metrics(engine, task, cfg, halt=halt_tokens(task, cfg.backbone))
     assert {"halt_acc_d3", "oracle_acc_d3", "never_halted_d3"} <= set(m)

@@ -1,5 +1,13 @@
-"""Only Ray Train workers build a model, so only they import transformers' model code, DeepSpeed and par_ray's model
-modules (docs/experiments.md §12: that import takes tens of seconds on a busy 2-core machine).
+"""Import structure: the layering contracts (import-linter), and which processes import model code.
+
+The layers (sweeps → par_ray.sweep → analysis → train → … → trial → registries → config), the rule that
+``par_ray.config`` imports nothing from par_ray and the absence of import cycles are import-linter contracts in
+pyproject.toml; :func:`test_import_contracts_hold` runs ``lint-imports`` on them (CI runs it too), and
+:func:`test_every_module_is_in_a_layer` keeps a new module from escaping the layers contract.
+
+What import-linter cannot express is which *process* imports what: only Ray Train workers build a model, so only they
+import transformers' model code, DeepSpeed and par_ray's model modules (docs/experiments.md §12: that import takes
+tens of seconds on a busy 2-core machine).
 
 A Tune trial driver imports ``par_ray.sweep.run`` (its function's module), resolves its trial and builds the
 ``TorchTrainer`` (``par_ray.train.trainer``); a Ray Train controller imports ``par_ray.train.loop`` to unpickle
@@ -15,6 +23,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli, which import-linter itself needs there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,3 +73,57 @@ def test_trial_driver_and_controller_import_no_model_code(tmp_path):
     for step, modules in driver_and_controller:
         assert modules == [], f"{step} imported model code: {modules}"
     assert "transformers.models" in worker_modules and "par_ray.model.looped" in worker_modules, worker_modules
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Layering (import-linter contracts in pyproject.toml)
+
+
+def _contracts() -> list[dict]:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["tool"]["importlinter"]["contracts"]
+
+
+def test_import_contracts_hold():
+    """``lint-imports``: the layers contract, config at the bottom importing nothing from par_ray, no cycles."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import lint_imports; "
+                           "sys.exit(lint_imports(no_cache=True, no_logo=True))"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    names = {c["name"] for c in _contracts()}
+    types = {c["type"] for c in _contracts()}
+    assert {"layers", "forbidden", "acyclic_siblings"} <= types, names
+
+
+def _layer_modules() -> set[str]:
+    (layers,) = [c for c in _contracts() if c["type"] == "layers"]
+    return {m.strip() for layer in layers["layers"] for m in layer.replace(":", "|").split("|")}
+
+
+def _package_modules(package: str) -> set[str]:
+    """Every module and subpackage of ``package`` (a directory under the repository root), dotted."""
+    out = set()
+    for path in (ROOT / package).rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return out
+
+
+def test_every_module_is_in_a_layer():
+    """Each par_ray module is a layer of the contract or inside one (``par_ray.train.loop`` is in ``par_ray.train``),
+    or a package whose children are (``par_ray.model``): a new module must be placed in pyproject.toml's layers."""
+    listed = _layer_modules()
+    missing = sorted(m for m in _package_modules("par_ray") - {"par_ray"}
+                     if not any(m == layer or m.startswith(layer + ".") or layer.startswith(m + ".")
+                                for layer in listed))
+    assert not missing, f"add these modules to the layers contract in pyproject.toml: {missing}"
+
+
+@pytest.mark.parametrize("module", ["par_ray.config"])
+def test_bottom_layer_imports_nothing_from_the_project(module):
+    """The contract's own claim, read from the source: no ``par_ray`` / ``analysis`` / ``sweeps`` import anywhere in
+    ``module`` (at the top or inside a function)."""
+    source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
+    bad = [line for line in source.splitlines()
+           if line.strip().startswith(("from par_ray", "import par_ray", "from analysis", "from sweeps"))]
+    assert not bad, bad

@@ -11,9 +11,9 @@ from par_ray.config import (EvalConfig, RecipeConfig, StageConfig, TaskConfig, T
 from par_ray.model.looped import build_looped
 from par_ray.recipes import RECIPES, apply_recipe, stage_recipe
 from par_ray.schedules import plan_step, stretch_cap
-from par_ray.stages import resolve_stages, stage_at, uses_halting
+from par_ray.stages import resolve_stages, stage_at
 from par_ray.tasks import build_task, get_task
-from par_ray.trial import validate
+from par_ray.trial import resolve, validate
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread per module
@@ -32,14 +32,14 @@ def test_default_is_one_stage_of_the_trial_recipe():
     cfg = TrialConfig()
     (s,) = resolve_stages(cfg)
     assert (s.start, s.end, s.frozen, s.recipe) == (0, cfg.train.steps, "none", cfg.recipe)
-    assert not uses_halting(cfg)
+    assert not resolve(cfg).halting
 
 
 def test_stage_bounds_and_pure_step_mapping():
     cfg = validate(apply_recipe(_trial(steps=20), "par_halt_posthoc"))
     a, b = resolve_stages(cfg)
     assert (a.start, a.end, b.start, b.end) == (0, 18, 18, 20) and b.frozen == "all_but_coda"
-    assert not a.recipe.halting and b.recipe.halting and uses_halting(cfg)
+    assert not a.recipe.halting and b.recipe.halting and resolve(cfg).halting
     assert b.recipe.depth_schedule == "hold"  # the stage recipe keeps the trial's method and adds halting
     assert [(stage_at([a, b], s)[0].index, stage_at([a, b], s)[1]) for s in (0, 17, 18, 19)] == [
         (0, 0), (0, 17), (1, 0), (1, 1)]

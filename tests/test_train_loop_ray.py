@@ -15,7 +15,7 @@ import ray
 import torch
 
 from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, with_overrides
-from par_ray.model import load_trained
+from par_ray.train.checkpoint import load_trained
 from par_ray.train import loop
 from par_ray.train.checkpoint import evaluate_trained
 from par_ray.train.strategies import build_deepspeed_ops

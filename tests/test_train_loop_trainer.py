@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, to_flat, with_overrides
-from par_ray.model import load_trained
-from par_ray.train.checkpoint import evaluate_trained
+from par_ray.train.checkpoint import evaluate_trained, load_trained
 from par_ray.train.loop import LockstepError, check_lockstep, resume_mismatch
 from par_ray.train.strategies import World
 from par_ray.train.trainer import (MetricsLog, OncePerStep, build_trainer, fault_injection_errors, run_name,

@@ -47,6 +47,10 @@ class BackboneSpec:
     def hidden_size(self) -> int:
         return int(self.fields["hidden_size"])
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self.fields["vocab_size"])
+
     def build_config(self, **overrides: Any) -> Qwen2Config | Qwen3Config:
         """The family's transformers config for this entry (``attn_implementation`` defaults to ``sdpa``)."""
         from transformers import Qwen2Config, Qwen3Config  # here, not at the top: readers of sizes build no config

@@ -9,6 +9,7 @@ or any cluster resource is claimed: bad input raises one :class:`SweepConfigErro
 from __future__ import annotations
 
 import itertools
+import json
 import typing
 from dataclasses import dataclass, field, replace
 
@@ -140,6 +141,11 @@ class Plan:
     mode: str | None
 
 
+_RESOLVED: dict[tuple[str, tuple], TrialConfig] = {}
+""":func:`resolve`'s configs by their params: a sweep driver resolves each trial in :func:`build_plan`, then again in
+its MLflow callbacks and summary; the config (a frozen dataclass) is computed once per process."""
+
+
 def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mapping[str, Recipe] | None = None
             ) -> TrialConfig:
     """The trial config of one Tune trial's flat params: ``preset`` and ``recipe`` plus flat config keys.
@@ -148,24 +154,33 @@ def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mappi
     (from ``RECIPES`` or ``extra_recipes``) → the ``recipe.*`` keys (so a search over ``recipe.hold_lambda`` wins over
     the recipe's value). A ``cell`` param (one of ``SweepSpec.cells``, as Tune's grid hands it over) is read as its
     flat keys; the :data:`GPU_TYPES_KEY` param as the paper preset's GPU types. Under the paper preset, unless the
-    params set one of :data:`PARALLELISM_KEYS`, the parallelism is chosen again for the config as resolved
+    params set one of :data:`PARALLELISM_KEYS`, the parallelism is chosen once, for the config as resolved
     (``presets.fit_parallelism``: recipe, overrides and EMA teacher counted; with GPU types, cheapest type first;
     without, 80 GB GPUs of any type). Raises ``ValueError`` naming
-    unknown keys / values; does not validate ranges.
+    unknown keys / values; does not validate ranges. Resolved once per process for equal params (:data:`_RESOLVED`).
     """
+    key = (json.dumps(params, sort_keys=True, default=repr), tuple(sorted((extra_recipes or {}).items())))
+    if key not in _RESOLVED:
+        _RESOLVED[key] = _resolve(params, extra_recipes)
+    return _RESOLVED[key]
+
+
+def _resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mapping[str, Recipe] | None
+             ) -> TrialConfig:
     params = {**{k: v for k, v in params.items() if k != CELL_KEY}, **dict(params.get(CELL_KEY) or {})}
     flat = {k: v for k, v in params.items() if k not in ("preset", "recipe", GPU_TYPES_KEY)}
     gpu_types = tuple(t for t in str(params.get(GPU_TYPES_KEY) or "").split(",") if t)
+    choose = params["preset"] == "paper" and not PARALLELISM_KEYS & set(flat)
     cfg = presets.preset_trial(str(params["preset"]), str(flat.pop("backbone.name", "tiny-qwen2")),
-                               str(flat.pop("task.name", "swap_s5")), int(flat.pop("train.seed", 0)), gpu_types)
+                               str(flat.pop("task.name", "swap_s5")), int(flat.pop("train.seed", 0)), gpu_types,
+                               parallelism=not choose)  # planned once, below, for the config as resolved
     cfg = from_flat({k: v for k, v in flat.items() if not k.startswith("recipe.")}, base=cfg)
     recipe = str(params.get("recipe", "par"))
     cfg = extra_recipes[recipe](cfg) if extra_recipes and recipe in extra_recipes else apply_recipe(cfg, recipe)
-    choose = params["preset"] == "paper" and not PARALLELISM_KEYS & set(flat)
     cfg = from_flat({k: v for k, v in flat.items() if k.startswith("recipe.")}, base=cfg)
     if choose:
-        # the preset chose for its base trial (par); the trial as it runs may need more (a CoT trace, untied copies,
-        # an EMA teacher, a searched window), so choose the GPU count (and type) again for this config
+        # planned for the trial as it runs, not the preset's base trial (par): a CoT trace, dense targets, untied
+        # copies, an EMA teacher or a searched window may need more
         cfg = from_flat(presets.fit_parallelism(cfg, gpu_types), base=cfg)
     return cfg
 

@@ -2,7 +2,8 @@
 
 Runs the one training loop (``par_ray.train.loop``) in Ray Train's local mode (or on ``--workers`` Ray workers),
 prints progress and, at the end, the accuracy-by-depth table and G, and writes ``OUT/result.json``. Any other knob:
-``--set section.field=value``. The final model is ``OUT/final`` (load it with ``par_ray.model.load_trained``).
+``--set section.field=value``. The final model is ``OUT/final`` (load it with
+``par_ray.train.checkpoint.load_trained``).
 
 ``OUT/config.json`` records the config of the run in ``OUT``. Rerunning with the same ``--out`` continues that run
 from its latest checkpoint only when the config is the same (workers and threads may change); any other config is

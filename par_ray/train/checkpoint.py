@@ -1,7 +1,7 @@
 """Checkpoints of every strategy: what each writes, how it reads back into training, and how any of them loads as a
 plain model on one process, without a GPU or a process group.
 
-    from par_ray.model import load_trained
+    from par_ray.train.checkpoint import load_trained
     trained = load_trained("runs/x")          # a run directory (its final/), or any checkpoint directory
     trained.model(input_ids_BT, read_positions_Q, R, read="last")
 
@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 
 from par_ray.config import TrialConfig, from_flat
+from par_ray.trial import resolve
 
 EXTRA_FILE = "extra.json"
 """The loop's bookkeeping (step, time, flat config), JSON, written by rank 0 beside every format's state."""
@@ -296,20 +297,12 @@ def load_trained(path: str) -> Trained:
         FileNotFoundError: no checkpoint or no stored config at ``path``.
         RuntimeError: the checkpoint's tensors do not fit the config's model (``load_state_dict``, strict).
     """
-    from par_ray.cot import extra_vocab
-    from par_ray.halting import model_vocab_size
     from par_ray.model.looped import build_looped
-    from par_ray.objectives import dense_classes
-    from par_ray.stages import uses_halting
-    from par_ray.tasks import build_task
 
     directory = resolve_checkpoint_dir(path)
     cfg = stored_config(directory)
-    task = build_task(cfg.task)
-    # the vocabulary the training loop built: task tokens, halting tokens, dense state classes, CoT STEP/END
-    vocab = (model_vocab_size(task, cfg.backbone, uses_halting(cfg)) + dense_classes(task, cfg.recipe)
-             + extra_vocab(cfg.recipe, cfg.backbone))
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=vocab)
+    # the vocabulary the training loop built: task | halting | CoT | dense classes (par_ray.trial.VocabLayout)
+    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=resolve(cfg).vocab.size)
     wanted = model.state_dict().keys()
     # DeepSpeed's merged state may also list buffers the module does not save; every saved key must be present.
     state = {k: v for k, v in model_state_dict(directory, model).items() if k in wanted}

@@ -38,18 +38,18 @@ import torch
 
 from par_ray.config import TrialConfig, to_flat
 from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens
-from par_ray.distill import uses_ema
 from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics, rank_chunks
 from par_ray.halting import halt_tokens
-from par_ray.objectives import dense_class_offset, dense_classes, dense_pending_id, par_loss
+from par_ray.objectives import par_loss
 from par_ray.schedules import iterations_at, plan_step
 from par_ray.tasks import build_task
 from par_ray.tracking_schema import depth_metric, iteration_metric
 from par_ray.schedules import stretch_cap
-from par_ray.stages import frozen_parameters, resolve_stages, stage_at, uses_halting
+from par_ray.stages import frozen_parameters, stage_at
 from par_ray.train.checkpoint import read_extra
 from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
+from par_ray.trial import VocabLayout, resolve
 
 RESUME_FREE_FIELDS = frozenset({"train.num_workers", "train.accelerator_type", "train.threads_per_worker",
                                 "train.fail_at_step", "train.collective_timeout_s", "train.compile"})
@@ -146,7 +146,8 @@ def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
             **{iteration_metric("rms", k): v for k, v in enumerate(means[R:], start=1)}}
 
 
-def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict[str, float]:
+def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None,
+                 vocab: VocabLayout | None = None) -> dict[str, float]:
     """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``,
     the per-iteration probe (:func:`probe_metrics`) and ``eval_seconds``, the wall time of this evaluation (s, rank
     0's; every rank runs the same forward calls). R per depth follows ``recipe.fixed_iterations``; the
@@ -162,20 +163,21 @@ def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None) -> dict
     halting tokens), also the halting-vs-oracle metrics of :func:`par_ray.evaluation.halting_metrics`, and, for a
     model trained with ``recipe.dense_targets`` and ``recipe.dense_pending`` (``cfg.recipe``: the vocabulary's
     pending class), those of the last operation's pending signal, ``halt_acc_d{D}_pending`` and the rest (a par_ray
-    signal, not the paper's read-out; docs/experiments.md §14).
+    signal, not the paper's read-out; docs/experiments.md §14). ``vocab``: the trial's vocabulary layout (default
+    ``par_ray.trial.resolve(cfg).vocab``): the CoT trace's ids and the pending class.
     """
     t0 = time.perf_counter()
     with engine.autocast():  # the training step's precision (docstring)
-        out = _eval_metrics(engine, task, cfg, recipe, halt)
+        out = _eval_metrics(engine, task, cfg, recipe, halt, vocab or resolve(cfg).vocab)
     out["eval_seconds"] = time.perf_counter() - t0
     return out
 
 
-def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt) -> dict[str, float]:
+def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayout) -> dict[str, float]:
     world = engine.world
     recipe = recipe or cfg.recipe
     if cfg.recipe.cot:  # chain-of-thought: greedy decoding of the trace, cost in generated tokens (par_ray.cot)
-        tokens = cot_tokens(task.vocab_size)
+        tokens = cot_tokens(vocab.cot_offset)
         acc = cot_accuracy_by_depth(engine.model, task, cfg.eval, tokens, engine.device, world.rank, world.size,
                                     engine.all_reduce_sum)
     else:
@@ -192,7 +194,7 @@ def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt) -> dict[str, flo
             out[depth_metric("cot_tokens", d)] = v["tokens"]
     if recipe.halting and halt is not None:
         res = halting_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, halt, engine.device,
-                               world.rank, world.size, engine.all_reduce_sum, pending_id=dense_pending_id(task, cfg))
+                               world.rank, world.size, engine.all_reduce_sum, pending_id=vocab.pending_id)
         out.update(halting_metrics(res, recipe.ops_per_iteration))
     out.update(probe_metrics(engine, CotTask(task, tokens) if cfg.recipe.cot else task, cfg))
     return out
@@ -240,18 +242,17 @@ def train_loop_per_worker(loop_config: dict) -> None:
         torch.set_float32_matmul_precision("high")
     log = _Printer() if world.rank == 0 else _Silent()
 
+    trial = resolve(cfg)  # stages, halting / EMA flags, vocabulary layout: once per worker (par_ray.trial)
+    stages, vocab = trial.stages, trial.vocab
     task = build_task(cfg.task)  # evaluation prompts
     train_task = build_task(cfg.task, train=True)  # the same, or with TaskConfig.train_filler separators
     if cfg.recipe.cot:  # chain-of-thought baseline: train on prompt + trace (par_ray.cot)
-        train_task = CotTask(train_task, cot_tokens(task.vocab_size))
-    stages = resolve_stages(cfg)
-    halting = uses_halting(cfg)  # then the vocabulary gains the halting tokens from the start (par_ray.halting)
-    halt = halt_tokens(task, cfg.backbone) if halting else None
+        train_task = CotTask(train_task, cot_tokens(vocab.cot_offset))
+    # a stage trains halting: the vocabulary has the halting tokens from the start (par_ray.halting)
+    halt = halt_tokens(task, cfg.backbone) if trial.halting else None
     torch.manual_seed(tc.seed)  # identical init on every rank
-    # task tokens (+ halting tokens) (+ the CoT trace's STEP/END)
-    base_vocab = dense_class_offset(task, cfg)
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=base_vocab + dense_classes(task, cfg.recipe))
-    engine = prepare(model, tc, world, ema=uses_ema(cfg))  # the PSD EMA teacher, if a stage distills from one
+    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=vocab.size)  # task | halting | CoT | dense classes
+    engine = prepare(model, tc, world, ema=trial.ema)  # the PSD EMA teacher, if a stage distills from one
 
     flat = to_flat(cfg)
     start, train_seconds, eval_seconds, last_eval = 0, 0.0, 0.0, {}
@@ -276,7 +277,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         now, in_stage = stage_at(stages, step)
         if now is not stage:  # the stage's loss terms and frozen parts, built once per stage
             stage, frozen = now, frozen_parameters(engine.raw, now.frozen)
-            loss_fn = build_step_loss(stage.recipe, train_task, halt=halt, dense_offset=base_vocab,
+            loss_fn = build_step_loss(stage.recipe, train_task, halt=halt, dense_offset=vocab.dense_offset,
                                       op_order=cfg.task.op_order)
             if len(stages) > 1:
                 log(f"stage {stage.index}: steps {stage.start}..{stage.end}, recipe {stage.recipe.name}, "
@@ -301,7 +302,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         done = step + 1
         is_last = done == tc.steps
         if done % tc.eval_every == 0 or is_last:
-            last_eval = eval_metrics(engine, task, cfg, stage.recipe, halt)
+            last_eval = eval_metrics(engine, task, cfg, stage.recipe, halt, vocab)
             eval_seconds += last_eval["eval_seconds"]
         want_ckpt = is_last or (tc.checkpoint_every and done % tc.checkpoint_every == 0)
         if done % tc.report_every == 0 or is_last or want_ckpt:
