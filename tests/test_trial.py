@@ -186,7 +186,7 @@ def test_dense_target_plan_is_within_10_percent_of_the_measured_peak():
     rows."""
     cfg = _trial("par", task={"train_depth": 8, "min_train_depth": 8},
                  recipe={"dense_targets": True, "dense_pending": True, "grad_window": 4},
-                 train={"batch_size": 16})
+                 train={"batch_size": 16}, eval={"depths": (8, 16)})
     proc = subprocess.run([sys.executable, "-c", _MEASURE, json.dumps(to_flat(cfg)), str(ROOT / "benchmarks")],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
