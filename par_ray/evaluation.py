@@ -263,8 +263,11 @@ def halting_by_depth(
     Each test set (the same as :func:`accuracy_by_depth`'s) gets the halting query appended
     (``par_ray.halting.with_halt_query``) and runs R_max = :func:`halt_max_iterations` iterations once, read out at
     every iteration; the answer at each rule's R (the primary rule and every ``eval.halt_rules`` entry, see
-    :func:`halting_rules`) and at R* come from that one run, so extra rules cost no forward pass. Memory: the
-    read-out logits, R_max × batch × (Q + 1) × V per chunk (``eval.batch_size`` rows; Q + 2 with ``pending_id``).
+    :func:`halting_rules`) and at R* come from that one run, so extra rules cost no forward pass. Memory: streamed —
+    each iteration's read-out logits, batch × (Q + 1) × V (``eval.batch_size`` rows; Q + 2 with ``pending_id``), are
+    reduced as soon as they exist to what the rules need (whether every answer is right, P(Yes), 1 − P(pending)),
+    so a chunk keeps R_max × 3 × batch numbers, never the (R_max, B, Q, V) logits (``LoopedLM.iterate``'s
+    ``reduce``; ``par_ray.planner.evaluation_memory``).
 
     With ``pending_id`` (trials trained with ``recipe.dense_targets`` and ``recipe.dense_pending``), the same forward
     also reads the dense read-out at the *last operation's* position, and every rule is applied a second time to the
@@ -303,15 +306,22 @@ def halting_by_depth(
         reads_Q = ep.read_positions
         if pending_id is not None:
             reads_Q = torch.cat([reads_Q, ep.op_positions[-1:].to(reads_Q.dtype)])
-        logits_RBQV = model_fn(ids_BT, reads_Q.to(device), R_max, None, 1.0, "all").logits_KBQV
-        right_RB = (logits_RBQV[:, :, :q_halt].argmax(-1) == answers_BQ).all(-1)
-        p_RB = p_yes(logits_RBQV[:, :, q_halt], halt)
+        def per_iteration(k: int, logits_BQV: torch.Tensor) -> torch.Tensor:
+            """What is kept of iteration k's read-out: (3, B) float32 rows answer right (0/1), P(Yes), 1 − P(pending)
+            (0 without ``pending_id``)."""
+            right_B = (logits_BQV[:, :q_halt].argmax(-1) == answers_BQ).all(-1)
+            p_B = p_yes(logits_BQV[:, q_halt], halt)
+            done_B = (1.0 - logits_BQV[:, q_halt + 1].float().softmax(-1)[..., pending_id] if pending_id is not None
+                      else torch.zeros_like(p_B))
+            return torch.stack([right_B.to(p_B.dtype), p_B, done_B])
+
+        kept_R3B = model_fn(ids_BT, reads_Q.to(device), R_max, None, 1.0, "all", reduce=per_iteration).reduced_K
+        right_RB, p_RB = kept_R3B[:, 0] > 0.5, kept_R3B[:, 1]
         # per signal s (query[, pending]) and rule x: the counts of _rule_counts; one all-reduce for both signals
         counts_SX7 = torch.zeros(signals, X, 7, dtype=torch.float64, device=device)
         counts_SX7[0] += _rule_counts(right_RB, p_RB, rules, R_star)
         if pending_id is not None:
-            done_RB = 1.0 - logits_RBQV[:, :, q_halt + 1].float().softmax(-1)[..., pending_id]
-            counts_SX7[1] += _rule_counts(right_RB, done_RB, rules, R_star)
+            counts_SX7[1] += _rule_counts(right_RB, kept_R3B[:, 2], rules, R_star)
         return counts_SX7, p_RB.double().sum(1)
 
     results: dict[int, dict] = {}

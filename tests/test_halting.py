@@ -205,6 +205,15 @@ def test_halt_query_keeps_every_other_episode_field():
 # evaluation with halting
 
 
+def streamed(out: LoopedOutput, reduce) -> LoopedOutput:
+    """A scripted model's output as ``LoopedLM.iterate`` returns it when given ``reduce``: each iteration's logits
+    reduced, in order, and no logits kept."""
+    if reduce is None:
+        return out
+    kept_K = torch.stack([reduce(k, logits_BQV) for k, logits_BQV in zip(out.iterations, out.logits_KBQV)])
+    return LoopedOutput(None, out.iterations, out.state_rms_R, reduced_K=kept_K)
+
+
 def _scripted_halting():
     """(task, halting tokens, eval config, test sets by depth, model_fn) of a fake model whose halting probability
     and answers are scripted per iteration (see the next test)."""
@@ -214,7 +223,7 @@ def _scripted_halting():
     cfg = EvalConfig(depths=(4, 8), num_sequences=20, batch_size=8, seed=3)
     tests = {d: task.sample(d, 20, seed=3) for d in cfg.depths}
 
-    def model_fn(ids, reads, R, window, stretch, read):
+    def model_fn(ids, reads, R, window, stretch, read, reduce=None):
         assert read == "all" and R == 16 and (ids[:, -1] == tok.query).all()
         d = ids.shape[1] - 2 - 5 - 1
         ep = tests[d]
@@ -227,7 +236,7 @@ def _scripted_halting():
             logits[k - 1, :, :5] = torch.nn.functional.one_hot(ans, V).float() * 10
             yes = even & (k >= d + 1)
             logits[k - 1, :, 5, tok.yes] = torch.where(yes, 5.0, -5.0)
-        return LoopedOutput(logits, list(range(1, R + 1)), torch.ones(R))
+        return streamed(LoopedOutput(logits, list(range(1, R + 1)), torch.ones(R)), reduce)
 
     return task, tok, cfg, tests, model_fn
 
@@ -276,7 +285,7 @@ EXTRA_RULES = ((4, 8, 0.5), (1, 1, 0.999), (8, 8, 0.3))
 def test_extra_rules_from_one_pass_equal_each_rule_run_as_the_primary():
     task, tok, cfg, tests, model_fn = _scripted_halting()
     calls = []
-    counted = lambda *a: calls.append(a[2]) or model_fn(*a)  # noqa: E731
+    counted = lambda *a, **kw: calls.append(a[2]) or model_fn(*a, **kw)  # noqa: E731
     res = halting_by_depth(counted, task, dataclasses.replace(cfg, halt_rules=EXTRA_RULES), 1, tok,
                            torch.device("cpu"))
     assert len(calls) == len(cfg.depths) * 3  # 20 sequences in chunks of 8: one pass, not one per rule
@@ -327,7 +336,7 @@ def _scripted_pending():
     V = pending_id + 1
     seen = []
 
-    def model_fn(ids, reads, R, window, stretch, read):
+    def model_fn(ids, reads, R, window, stretch, read, reduce=None):
         d = ids.shape[1] - 2 - 5 - 1
         out = halting_fn(ids, reads[:6], R, window, stretch, read)
         logits = torch.zeros(R, ids.shape[0], len(reads), V)
@@ -338,7 +347,7 @@ def _scripted_pending():
             k = torch.arange(1, R + 1)[:, None]
             logits[:, :, 6, pending_id] = 20.0 * (d + shift[None] - k) + 10.0
         seen.append(logits)
-        return LoopedOutput(logits, list(range(1, R + 1)), torch.ones(R))
+        return streamed(LoopedOutput(logits, list(range(1, R + 1)), torch.ones(R)), reduce)
 
     return task, tok, dataclasses.replace(cfg, halt_rules=PENDING_RULES), tests, model_fn, pending_id, seen
 
@@ -543,3 +552,87 @@ def test_halting_recipe_config_dataclass_defaults():
     assert (e.halt_k, e.halt_n, e.halt_tau, e.halt_max_iterations) == (6, 8, 0.5, 0)
     assert halt_max_iterations(dataclasses.replace(e, halt_max_iterations=200), 1) == 200
     assert halt_max_iterations(e, 2) == 2 * math.ceil(64 / 2)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# streaming: halting evaluation keeps per-iteration reductions, never the (R_max, B, Q, V) logits
+
+
+def _halting_model(vocab: int, pending: bool = False):
+    """A tiny random-init looped model for halting evaluation on swap-S5 with ``vocab`` read-out classes (the task's
+    tokens, the halting tokens, then unused ids up to ``vocab``; the last id is the dense "pending" class)."""
+    task = get_task("swap_s5")
+    tok = task_halt_tokens(task.vocab_size)
+    torch.manual_seed(0)
+    model = build_looped(BackboneConfig(), RecipeConfig(), vocab_size=vocab).eval()
+    return task, tok, model, (vocab - 1 if pending else None)
+
+
+def _halting_counts_unstreamed(model, task, cfg, tok, pending_id):
+    """The halting evaluation as it was before streaming: every iteration's full read-out logits stacked
+    (R_max, B, Q, V), then the same counts. The reference the streamed evaluation must equal exactly."""
+    from par_ray.evaluation import _rule_counts, halting_rules, sum_over_test_sets
+
+    rules, R_max, cpu = halting_rules(cfg), halt_max_iterations(cfg, 1), torch.device("cpu")
+
+    def counts(depth, ep, ids_BT, answers_BQ):
+        q_halt = ep.read_positions.numel() - 1
+        reads_Q = ep.read_positions
+        if pending_id is not None:
+            reads_Q = torch.cat([reads_Q, ep.op_positions[-1:].to(reads_Q.dtype)])
+        logits_RBQV = model(ids_BT, reads_Q, R_max, None, 1.0, "all").logits_KBQV
+        right_RB = (logits_RBQV[:, :, :q_halt].argmax(-1) == answers_BQ).all(-1)
+        p_RB = p_yes(logits_RBQV[:, :, q_halt], tok)
+        counts_SX7 = torch.zeros(1 + (pending_id is not None), len(rules), 7, dtype=torch.float64)
+        counts_SX7[0] += _rule_counts(right_RB, p_RB, rules, depth)
+        if pending_id is not None:
+            done_RB = 1.0 - logits_RBQV[:, :, q_halt + 1].float().softmax(-1)[..., pending_id]
+            counts_SX7[1] += _rule_counts(right_RB, done_RB, rules, depth)
+        return counts_SX7, p_RB.double().sum(1)
+
+    return sum_over_test_sets(task, cfg, counts, cpu, prepare=lambda ep: with_halt_query(ep, tok.query))
+
+
+@pytest.mark.parametrize("pending", [False, True])
+def test_streamed_halting_equals_the_stacked_logits_computation(pending):
+    """On a real (tiny, random-init) model, the streamed evaluation's counts equal exactly those of the old one that
+    stacked every iteration's logits — with extra rules and with the pending signal's second read row."""
+    task, tok, model, pending_id = _halting_model(64, pending)
+    cfg = EvalConfig(depths=(4, 6), num_sequences=10, batch_size=4, seed=3, halt_k=2, halt_n=3, halt_tau=0.4,
+                     halt_rules=((1, 1, 0.5), (3, 4, 0.45)))
+    want = _halting_counts_unstreamed(model, task, cfg, tok, pending_id)
+    got = halting_by_depth(model, task, cfg, 1, tok, torch.device("cpu"), pending_id=pending_id)
+    for d in cfg.depths:
+        counts_SX7, p_sum_R = want[d]
+        n = counts_SX7[0, 0, 6]
+        assert got[d]["p_yes_k"] == (p_sum_R / n).tolist()
+        assert got[d]["oracle_acc"] == (counts_SX7[0, 0, 1] / n).item()
+        assert [got[d]["halt_acc"], got[d]["halt_iter"], got[d]["never_halted"]] == [
+            (counts_SX7[0, 0, i] / n).item() for i in (0, 3, 2)]
+        assert [r["halt_iter"] for r in got[d]["rules"].values()] == [(c[3] / n).item() for c in counts_SX7[0, 1:]]
+        if pending:
+            assert [r["halt_iter"] for r in got[d]["pending"].values()] == [(c[3] / n).item() for c in counts_SX7[1]]
+
+
+def test_halting_evaluation_memory_does_not_grow_with_the_vocabulary_times_R_max():
+    """The live tensor memory (``tests/memtrack.py``) of a halting evaluation at two vocabulary sizes: 64 → 4,096
+    read-out classes adds a few iterations' worth of one read-out, (B, Q + 2, ΔV) floats — not R_max = 32 of them,
+    as the computation that stacked every iteration's logits does (measured here on the same model as the
+    reference). The largest tensor is at most one iteration's read-out."""
+    from memtrack import LiveBytes
+
+    B, R_max = 4, 32
+    cfg = EvalConfig(depths=(8,), num_sequences=B, batch_size=B, seed=3, halt_max_iterations=R_max)
+    streamed, stacked, largest = {}, {}, {}
+    for V in (64, 4096):
+        task, tok, model, pending_id = _halting_model(V, pending=True)
+        with LiveBytes() as mem:
+            halting_by_depth(model, task, cfg, 1, tok, torch.device("cpu"), pending_id=pending_id)
+        streamed[V], largest[V] = mem.peak, mem.largest
+        with LiveBytes() as mem:
+            _halting_counts_unstreamed(model, task, cfg, tok, pending_id)
+        stacked[V] = mem.peak
+    one_readout = B * (5 + 2) * (4096 - 64) * 4  # (B, Q + 2, ΔV) float32: Q = 5 answers + halting + pending rows
+    assert streamed[4096] - streamed[64] < 4 * one_readout
+    assert stacked[4096] - stacked[64] > R_max * one_readout  # the reference does grow with R_max × V
+    assert largest[4096] <= B * (5 + 2) * 4096 * 4

@@ -230,3 +230,24 @@ def test_evaluation_runs_under_the_training_precision(strategy, monkeypatch):
     metrics = eval_metrics(engine, task, cfg)
     assert len(seen) > 2 and set(seen) == trained
     assert {"acc_d4", "acc_d8", "loss_k1", "eval_seconds"} <= set(metrics) and metrics["eval_seconds"] > 0
+
+
+def test_streamed_probe_equals_the_stacked_logits_computation():
+    """``probe_metrics`` reduces each iteration's read-out to its loss as it is computed; its ``loss_k``/``rms_k``
+    equal exactly those of the computation that stacked every iteration's logits first (the probe before
+    streaming)."""
+    from par_ray.config import EvalConfig, TrialConfig
+    from par_ray.objectives import par_loss
+    from par_ray.train.loop import probe_metrics
+
+    engine, task = engine_for("ddp")
+    run_steps(engine, task, [0, 1])
+    cfg = TrialConfig(task=TASK, recipe=RECIPE, train=TRAIN, eval=EvalConfig(depths=(4,), num_sequences=6,
+                                                                              batch_size=6))
+    got = probe_metrics(engine, task, cfg)
+    ep = task.sample(TASK.train_depth, 6, seed=cfg.eval.seed + 1, step=0)
+    with torch.no_grad():
+        out = engine.model(ep.input_ids, ep.read_positions, TASK.train_depth, None, 1.0, "all")
+        lo = par_loss(out.logits_KBQV, out.iterations, ep.states, 1, RECIPE.targets)
+    assert [got[f"loss_k{k}"] for k in out.iterations] == (lo.per_iteration_K.double() * 6 / 6).tolist()
+    assert [got[f"rms_k{k}"] for k in out.iterations] == (out.state_rms_R.double() * 6 / 6).tolist()

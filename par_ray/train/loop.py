@@ -124,7 +124,9 @@ def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
     the recipe's own cross-entropy at iteration k (progress or final-answer targets, ``par_ray.objectives``), averaged
     over batch and queries; ``rms_k`` the mean RMS of the state after iteration k over batch and tokens. Every value
     of one evaluation comes from this one forward pass, so a curve over k compares like with like; training steps
-    draw their own R, so their per-iteration numbers are not reported.
+    draw their own R, so their per-iteration numbers are not reported. Memory: each iteration's (B, Q, V) read-out is
+    reduced to its loss as soon as it exists (``LoopedLM.iterate``'s ``reduce``), so the probe holds one iteration's
+    logits at a time, not R of them.
     """
     world, c = engine.world, cfg.recipe.ops_per_iteration
     depth = cfg.task.train_depth
@@ -134,12 +136,15 @@ def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
     [(ids_BT, states_BDQ)] = rank_chunks(n, n, world.rank, world.size, ep.input_ids, ep.states)
     ids_BT, states_BDQ = ids_BT.to(engine.device), states_BDQ.to(engine.device)
     R = iterations_at(depth, c, cfg.recipe.fixed_iterations)
+
+    def loss_at(k: int, logits_BQV: torch.Tensor) -> torch.Tensor:  # iteration k's loss, (1,): streamed over k
+        return par_loss(logits_BQV[None], [k], states_BDQ, c, cfg.recipe.targets).per_iteration_K
+
     with engine.autocast():
-        out = engine.model(ids_BT, ep.read_positions.to(engine.device), R, None, 1.0, "all")
-    lo = par_loss(out.logits_KBQV, out.iterations, states_BDQ, c, cfg.recipe.targets)
+        out = engine.model(ids_BT, ep.read_positions.to(engine.device), R, None, 1.0, "all", reduce=loss_at)
     rows = float(ids_BT.shape[0])  # ranks may hold one row more or less: weight each rank's means by its rows
     sums = torch.cat([torch.tensor([rows], dtype=torch.float64, device=engine.device),
-                      lo.per_iteration_K.double() * rows, out.state_rms_R.double() * rows])
+                      out.reduced_K[:, 0].double() * rows, out.state_rms_R.double() * rows])
     sums = engine.all_reduce_sum(sums)
     means = (sums[1:] / sums[0].clamp_min(1)).tolist()
     return {**{iteration_metric("loss", k): v for k, v in zip(out.iterations, means[:R])},
