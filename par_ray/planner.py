@@ -501,6 +501,100 @@ def plan_trial(cfg: TrialConfig, trial: Resolved | None = None) -> MemoryPlan:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Evaluation memory
+
+
+@dataclass(frozen=True)
+class EvalMemoryPlan:
+    """Bytes per GPU of a trial's evaluations (``par_ray.train.loop.eval_metrics``), run between training steps.
+
+    Each is ``resident`` plus the largest no-grad forward of that evaluation. A no-grad forward holds the prompt's
+    hidden states (the embedding, e, s_k, the previous state and the adapter's output, 5 · B·T·h·r), one decoder
+    layer's working set (max of the SwiGLU's 3 · B·T·I·b and the eager/SDPA-math attention's B·n_q·T²·(4 + b) plus
+    q, k, v), the causal mask, the units FSDP2 / ZeRO-3 keep gathered through the forward, and one iteration's read-out
+    — B·Q·V·(b + 4) (logits and an fp32 copy; the probe's cross-entropy adds its fp32 log-softmax) — because halting
+    and the probe reduce every iteration's read-out as soon as it exists (``LoopedLM.iterate``'s ``reduce``) and keep
+    R × 3 × B (halting) or R (probe) numbers. Without that streaming the halting read-out alone would be
+    R_max·B·Q·V·b (``stacked_halting``, shown for comparison).
+    """
+
+    resident: int
+    """Held through evaluation: parameters, optimizer state, EMA teacher, communication buffers (and DeepSpeed's
+    gradient partitions); the gradients of torch's optimizers are freed (``zero_grad(set_to_none=True)``)."""
+    plain: int
+    """Accuracy by depth at the longest test prompt, ``eval.batch_size`` rows per GPU."""
+    halting: int
+    """Halting evaluation (0 when no stage trains halting): the same prompt plus the halting query, R_max iterations."""
+    probe: int
+    """The per-iteration probe at ``task.train_depth``."""
+    stacked_halting: int
+    """The halting read-out had it kept every iteration's logits, R_max × B × Q × V (0 without halting)."""
+
+    @property
+    def total(self) -> int:
+        """Peak bytes on one GPU over every evaluation of the trial."""
+        return self.resident + max(self.plain, self.halting, self.probe)
+
+
+def plan_evaluation(cfg: TrialConfig) -> EvalMemoryPlan:
+    """The :class:`EvalMemoryPlan` of one trial (per GPU; bf16 on GPUs, fp32 on CPU, as :func:`plan_trial`).
+
+    Raises ``ValueError`` as :func:`plan_trial`. The chain-of-thought baseline's KV cache is not counted.
+    """
+    from par_ray.evaluation import halt_max_iterations
+    from par_ray.halting import NUM_HALT_TOKENS
+    from par_ray.schedules import iterations_at
+    from par_ray.stages import uses_halting
+    from par_ray.tasks import get_task
+
+    train = plan_trial(cfg)
+    task, tr, rc, ev = get_task(cfg.task.name), cfg.train, cfg.recipe, cfg.eval
+    halt = uses_halting(cfg)
+    shape = model_shape(cfg.backbone.name, cfg.backbone.split, rc.tied, rc.max_iterations,
+                        None if cfg.backbone.pretrained else task.vocab_size + NUM_HALT_TOKENS * int(halt))
+    prec = precision(train.dtype, tr.strategy)
+    b, r, N, V = prec.activation, prec.residual, tr.num_workers, shape.vocab
+    stage = {"ddp": 0, "fsdp": 3, "deepspeed": tr.zero_stage}[tr.strategy]
+    resident = train.params + train.optimizer + train.teacher + train.buffers + \
+        (train.grads if tr.strategy == "deepspeed" else 0)
+    n_pre, n_core, n_coda = shape.split
+    rest_root = shape.root_params - shape.embedding_params - shape.lm_head_params
+    reused = (n_core * (1 if rc.tied else rc.max_iterations) + n_coda) * shape.layer_params + rest_root + \
+        (shape.lm_head_params or shape.embedding_params)
+    if tr.strategy == "fsdp":  # units kept gathered through the forward (strategies.fsdp)
+        resident += prec.compute * reused
+    elif stage >= 3:
+        resident += prec.compute * min(reused, DEEPSPEED_MAX_LIVE)
+    elif train.dtype == "bf16" and tr.strategy == "ddp":  # autocast caches its bf16 cast of every weight
+        resident += prec.compute * shape.total_params
+    q_width, kv_width = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+
+    def forward(B: int, T: int, Q: int, readout_bytes: int) -> int:
+        layer = max(3 * B * T * shape.intermediate * b,
+                    B * shape.heads * T * T * (4 + b) + B * T * (q_width + 2 * kv_width) * b)
+        return 5 * B * T * shape.hidden * r + layer + T * T * r + B * Q * V * readout_bytes
+
+    def prompt(depth: int) -> tuple[int, int]:
+        ep = task.sample(depth, 1, seed=0)
+        return int(ep.input_ids.shape[1]), int(ep.read_positions.numel())
+
+    B = min(ev.batch_size, -(-ev.num_sequences // N))
+    T, Q = prompt(max(ev.depths))
+    plain = forward(B, T, Q, b + 4)
+    halting = stacked = 0
+    if halt:
+        R_max = halt_max_iterations(ev, rc.ops_per_iteration)
+        Q_halt = Q + 1 + int(rc.dense_targets and rc.dense_pending)  # the halting query[, the last operation]
+        halting = forward(B, T + 1, Q_halt, b + 4) + R_max * 3 * B * 4
+        stacked = R_max * B * Q_halt * V * b
+    B_probe = -(-max(min(ev.num_sequences, ev.batch_size), N) // N)
+    T_probe, Q_probe = prompt(cfg.task.train_depth)
+    R_probe = iterations_at(cfg.task.train_depth, rc.ops_per_iteration, rc.fixed_iterations)
+    probe = forward(B_probe, T_probe, Q_probe, b + 4 + 4) + 4 * R_probe
+    return EvalMemoryPlan(resident=resident, plain=plain, halting=halting, probe=probe, stacked_halting=stacked)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Smallest GPU count
 
 def min_gpus(backbone: str, strategy: str, gpu_memory_gb: float, zero_stage: int = 2, offload: bool = False,

@@ -310,3 +310,25 @@ def test_a_recipe_that_needs_more_memory_gets_more_or_bigger_gpus():
         assert _fits_its_card(validate(from_flat(choice, base=cot)))
     untied = presets.fit_parallelism(apply_recipe(presets.paper_trial("qwen2.5-7b"), "untied"), ("H100",))
     assert untied["train.strategy"] != "deepspeed"  # DeepSpeed cannot train untied copies (config check)
+
+
+def test_evaluation_plan_streams_halting_and_keeps_the_training_state():
+    """The paper preset's halting trial on Qwen2.5-0.5B (bf16, 128 sequences per evaluation batch, test prompts to
+    d = 512, R_max = 1,024): stacking every iteration's read-out would take ~239 GB (the review's estimate); the
+    streamed halting evaluation plans within 1 GB of plain evaluation, and a longer R_max adds only its 3 × B floats
+    per iteration. Evaluation keeps the parameters and optimizer state resident."""
+    import dataclasses
+
+    from par_ray.planner import plan_evaluation
+    from par_ray.presets import paper_trial
+    from par_ray.recipes import apply_recipe
+
+    cfg = apply_recipe(paper_trial("qwen2.5-0.5b"), "par_halt")
+    ev, train = plan_evaluation(cfg), planner.plan_trial(cfg)
+    assert ev.stacked_halting == pytest.approx(239e9, rel=0.01)
+    assert 0 < ev.halting - ev.plain < 1e9 and ev.total < 0.1 * ev.stacked_halting
+    assert ev.resident >= train.params + train.optimizer
+    longer = plan_evaluation(dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, halt_max_iterations=2048)))
+    assert longer.halting - ev.halting == 1024 * 3 * 128 * 4
+    plain = plan_evaluation(paper_trial("qwen2.5-0.5b"))
+    assert plain.halting == plain.stacked_halting == 0 and plain.probe > 0

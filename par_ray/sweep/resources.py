@@ -265,7 +265,7 @@ def print_plan(plan: Plan, train_storage: str) -> None:
               f"--gpu-types, e.g. L40S:4,H100, to choose the type per trial).")
     print(f"Ray reservation: the trial's Train workers, plus {DRIVER_RESOURCES['memory'] / 2**30:g} GiB of host RAM "
           f"for its driver (the Tune actor that waits on the TorchTrainer), not the trial's memory. Trial memory per "
-          f"GPU: the planner's peak of one training step (par_ray.planner), per worker.")
+          f"GPU: the planner's peak of one training step and of each evaluation (par_ray.planner), per worker.")
 
 
 def reservation(need: typing.Mapping[str, float]) -> str:
@@ -286,12 +286,16 @@ def _describe_domain(domain: typing.Any) -> str:
 
 
 def _memory_estimate(cfg: TrialConfig) -> str:
-    """Peak memory per GPU of one training step from ``par_ray.planner.plan_trial`` at the largest train depth."""
+    """Peak memory per GPU of one training step from ``par_ray.planner.plan_trial`` at the largest train depth, and
+    of its evaluations (``plan_evaluation``: accuracy by depth, halting when trained, the probe)."""
     try:
-        from par_ray.planner import plan_trial
+        from par_ray.planner import plan_evaluation, plan_trial
 
-        estimate = plan_trial(cfg)
+        estimate, ev = plan_trial(cfg), plan_evaluation(cfg)
     except Exception as e:  # noqa: BLE001 - the planner is optional for a dry run; say why it is missing
         return f"n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})"
     teacher = f", EMA teacher {estimate.teacher / 1e9:.2f} GB included" if estimate.teacher else ""
-    return f"{estimate.total / 1e9:.2f} GB ({estimate.peak_phase}{teacher})"
+    evals = f"eval {(ev.resident + ev.plain) / 1e9:.2f} GB, probe {(ev.resident + ev.probe) / 1e9:.2f} GB"
+    if ev.halting:
+        evals += f", halting {(ev.resident + ev.halting) / 1e9:.2f} GB"
+    return f"train {estimate.total / 1e9:.2f} GB ({estimate.peak_phase}{teacher}); {evals}"
