@@ -240,3 +240,34 @@ def test_unknown_attn_implementation_names_the_field():
 def test_pretrained_load_keeps_attn_implementation(attn, tmp_path: Path):
     load("tiny-qwen2").save_pretrained(tmp_path)
     assert load("tiny-qwen2", pretrained=str(tmp_path), attn_implementation=attn).config._attn_implementation == attn
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-qwen3"])
+def test_meta_device_build_loads_the_same_weights_as_transformers(name, tmp_path):
+    """A checkpoint written with ``save_pretrained`` (what a hub download leaves on disk) loads through the meta
+    device (``load_checkpoint``: meta build, ``to_empty``, tensor by tensor) into exactly the tensors — parameters,
+    tied lm_head and the rotary buffers the checkpoint does not hold — of transformers' own ``from_pretrained``; and
+    the looped model built on it still reproduces the parent at R = 1."""
+    from transformers import AutoModelForCausalLM
+
+    from par_ray.config import BackboneConfig, RecipeConfig
+    from par_ray.model.looped import build_looped
+
+    torch.manual_seed(0)
+    load(name).save_pretrained(tmp_path)
+    want = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, use_safetensors=True)
+    got = load(name, pretrained=str(tmp_path))
+    assert next(got.parameters()).device.type == "cpu" and not got.training
+    want_t = {**dict(want.named_parameters(remove_duplicate=False)), **dict(want.named_buffers())}
+    got_t = {**dict(got.named_parameters(remove_duplicate=False)), **dict(got.named_buffers())}
+    assert sorted(got_t) == sorted(want_t) and all(torch.equal(got_t[k], want_t[k]) for k in want_t)
+    assert (got.lm_head.weight is got.model.embed_tokens.weight) == (want.lm_head.weight is want.model.embed_tokens.weight)
+    assert next(load(name, pretrained=str(tmp_path), device="meta").parameters()).is_meta
+
+    looped = build_looped(BackboneConfig(name=name, pretrained=str(tmp_path)), RecipeConfig()).eval()
+    ids = torch.randint(0, want.config.vocab_size, (2, 9))
+    reads = torch.arange(9)
+    with torch.no_grad():
+        parent = want(ids).logits
+        r1 = looped(ids, reads, 1, None, 1.0, "last").logits_KBQV[0]
+    torch.testing.assert_close(r1, parent, atol=1e-5, rtol=0)

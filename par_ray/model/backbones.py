@@ -20,11 +20,15 @@ Tensor suffixes: B batch, T sequence length, H hidden size, Q selected rows, N h
 
 from __future__ import annotations
 
+import glob
+import os
 from typing import Any
 
 import torch
+from huggingface_hub import snapshot_download
+from safetensors import safe_open
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.masking_utils import create_causal_mask
 from transformers.models.qwen2.modeling_qwen2 import rotate_half  # Qwen3's is the same function (one modular source)
 
@@ -60,18 +64,60 @@ def load(
         raise ValueError(f"backbone.attn_implementation: {attn_implementation!r} is not one of "
                          f"{list(ATTN_IMPLEMENTATIONS)}")
     if pretrained is not None:
-        model = AutoModelForCausalLM.from_pretrained(
-            pretrained, dtype=dtype, use_safetensors=True, trust_remote_code=False,
-            attn_implementation=attn_implementation,
-        )
-        if model.config.model_type != spec.family:
-            raise ValueError(f"backbone.pretrained: {pretrained!r} is a {model.config.model_type!r} checkpoint, "
+        path = pretrained if os.path.isdir(pretrained) else snapshot_download(
+            pretrained, allow_patterns=["*.json", "*.safetensors"])
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False, attn_implementation=attn_implementation)
+        if config.model_type != spec.family:
+            raise ValueError(f"backbone.pretrained: {pretrained!r} is a {config.model_type!r} checkpoint, "
                              f"but backbone.name={name!r} is a {spec.family!r} architecture")
-        return model.to(device) if device is not None else model
+        return load_checkpoint(path, config, dtype, device or "cpu")
     config = spec.build_config(attn_implementation=attn_implementation, **config_overrides)
     with torch.device(device or "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model
+
+
+def load_checkpoint(path: str, config: Any, dtype: torch.dtype, device: str | torch.device) -> PreTrainedModel:
+    """The safetensors checkpoint in directory ``path`` (with its transformers ``config``), built on the meta device
+    and filled tensor by tensor straight on ``device``: no full copy of the parent on the host first (a GPU worker
+    held a 7B parent in fp32 on the host, 30 GB, before moving it; 4–8 workers share a node).
+
+    Meta build (``from_config`` under ``torch.device("meta")``) → ``to_empty(device)`` → every checkpoint tensor read
+    with ``safetensors.safe_open`` onto ``device`` and copied into its parameter (cast to ``dtype``) → the tied
+    ``lm_head`` re-tied → the rotary embedding's ``inv_freq``, a non-persistent buffer the checkpoint does not hold,
+    rebuilt by transformers' own rotary module. transformers' ``from_pretrained(device_map=device)`` does the same
+    but needs ``accelerate``, with which transformers also imports DeepSpeed on every load. ``"meta"``: shapes
+    only. The result equals ``from_pretrained(path, dtype=dtype)`` moved to ``device``, tensor for tensor
+    (``tests/test_backbones.py``).
+
+    Raises:
+        ValueError: the checkpoint lacks a parameter of the model, or holds one the model does not have.
+    """
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
+    if torch.device(device).type == "meta":
+        return model
+    model.to_empty(device=device)
+    base = model.model
+    base.rotary_emb = type(base.rotary_emb)(config=model.config).to(device)
+    state = model.state_dict()
+    loaded = set()
+    with torch.no_grad():
+        for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+            with safe_open(file, framework="pt", device=str(device)) as f:
+                for key in f.keys():
+                    if key not in state:
+                        raise ValueError(f"backbone.pretrained: {file} holds {key!r}, which a {config.model_type} "
+                                         f"model of this config does not have")
+                    state[key].copy_(f.get_tensor(key))
+                    loaded.add(key)
+    model.tie_weights()
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    missing = sorted(set(state) - loaded - tied)
+    if missing:
+        raise ValueError(f"backbone.pretrained: {path} lacks {len(missing)} tensor(s) of the model, e.g. "
+                         f"{missing[:3]}")
+    return model.eval()  # as from_pretrained returns it
 
 
 def causal_mask(config: Any, hidden_BTH: torch.Tensor) -> torch.Tensor | None:
@@ -168,4 +214,4 @@ def parameter_count(model: nn.Module) -> int:
 
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "BACKBONES", "AllPositionsKeys", "BackboneSpec", "causal_mask", "get_spec", "load",
-           "parameter_count", "run_decoder_layer"]
+           "load_checkpoint", "parameter_count", "run_decoder_layer"]

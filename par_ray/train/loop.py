@@ -256,7 +256,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
     # a stage trains halting: the vocabulary has the halting tokens from the start (par_ray.halting)
     halt = halt_tokens(task, cfg.backbone) if trial.halting else None
     torch.manual_seed(tc.seed)  # identical init on every rank
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=vocab.size)  # task | halting | CoT | dense classes
+    # built on the worker's device: a pretrained parent goes from its files straight there (backbones.load_checkpoint)
+    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=vocab.size,  # task | halting | CoT | dense classes
+                         device=world.device)
     engine = prepare(model, tc, world, ema=trial.ema)  # the PSD EMA teacher, if a stage distills from one
 
     flat = to_flat(cfg)
