@@ -542,16 +542,14 @@ def plan_evaluation(cfg: TrialConfig) -> EvalMemoryPlan:
     Raises ``ValueError`` as :func:`plan_trial`. The chain-of-thought baseline's KV cache is not counted.
     """
     from par_ray.evaluation import halt_max_iterations
-    from par_ray.halting import NUM_HALT_TOKENS
-    from par_ray.schedules import iterations_at
-    from par_ray.stages import uses_halting
     from par_ray.tasks import get_task
 
-    train = plan_trial(cfg)
+    trial = resolve(cfg)
+    train = plan_trial(cfg, trial)
     task, tr, rc, ev = get_task(cfg.task.name), cfg.train, cfg.recipe, cfg.eval
-    halt = uses_halting(cfg)
+    halt = trial.halting
     shape = model_shape(cfg.backbone.name, cfg.backbone.split, rc.tied, rc.max_iterations,
-                        None if cfg.backbone.pretrained else task.vocab_size + NUM_HALT_TOKENS * int(halt))
+                        None if cfg.backbone.pretrained else trial.vocab.size)
     prec = precision(train.dtype, tr.strategy)
     b, r, N, V = prec.activation, prec.residual, tr.num_workers, shape.vocab
     stage = {"ddp": 0, "fsdp": 3, "deepspeed": tr.zero_stage}[tr.strategy]
@@ -584,7 +582,7 @@ def plan_evaluation(cfg: TrialConfig) -> EvalMemoryPlan:
     halting = stacked = 0
     if halt:
         R_max = halt_max_iterations(ev, rc.ops_per_iteration)
-        Q_halt = Q + 1 + int(rc.dense_targets and rc.dense_pending)  # the halting query[, the last operation]
+        Q_halt = Q + 1 + int(trial.vocab.pending)  # the halting query[, the last operation]
         halting = forward(B, T + 1, Q_halt, b + 4) + R_max * 3 * B * 4
         stacked = R_max * B * Q_halt * V * b
     B_probe = -(-max(min(ev.num_sequences, ev.batch_size), N) // N)
