@@ -568,6 +568,7 @@ def _halting_model(vocab: int, pending: bool = False):
     return task, tok, model, (vocab - 1 if pending else None)
 
 
+@torch.no_grad()
 def _halting_counts_unstreamed(model, task, cfg, tok, pending_id):
     """The halting evaluation as it was before streaming: every iteration's full read-out logits stacked
     (R_max, B, Q, V), then the same counts. The reference the streamed evaluation must equal exactly."""
