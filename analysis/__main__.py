@@ -7,6 +7,7 @@ experiment or parent run, no trial runs) ends with one ``error: --flag: ...`` li
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from analysis.load import AnalysisError
@@ -25,10 +26,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-run", default=None,
                         help="sweep (parent) run id; default: every trial of the experiment, logged to its newest "
                              "sweep run")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: MLflow's own default)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow tracking URI, e.g. sqlite:///runs/<sweep>/mlflow.db (default: "
+                             "$MLFLOW_TRACKING_URI; one of the two is required)")
     parser.add_argument("--out", required=True, help="output folder for tables (md/csv/tex) and figures (png)")
     parser.add_argument("--no-log", action="store_true", help="do not log the outputs to the parent run")
     args = parser.parse_args(argv)
+    if not args.tracking_uri and not os.environ.get("MLFLOW_TRACKING_URI"):
+        # MLflow's own default is sqlite:///mlflow.db in the working directory: it would create an empty store there
+        parser.error("--tracking-uri: required (or set MLFLOW_TRACKING_URI), e.g. "
+                     "--tracking-uri sqlite:///runs/backbone_scaling/mlflow.db")
     try:
         result = analyze(args.experiment, args.parent_run, args.tracking_uri, args.out,
                          log_artifacts=not args.no_log)

@@ -18,7 +18,8 @@ then its own group with its own seeds; after a grid of recipes × backbones × s
 Four frames come out (:class:`SweepFrames`):
 
 - ``trials``: one row per child run, whatever its status (FINISHED, FAILED, RUNNING, KILLED): failed and running
-  trials are kept and marked, aggregates filter on ``status`` later and count what they left out.
+  trials are kept and marked, aggregates filter on ``status`` later and count what they left out; ``error`` is a
+  FAILED trial's reason (its run's ``par_ray.error`` tag: error class and message), null otherwise.
 - ``acc``: long, one row per (run, test depth): ``acc`` (full-state), ``acc_query``, the primary rule's halting
   metrics ``halt_acc``, ``oracle_acc``, ``halt_iter``, ``never_halted``, ``halt_dR_mean``, ``halt_dR_std``, and
   ``cot_tokens`` (null where not logged).
@@ -46,7 +47,7 @@ together."""
 SEED_PARAMS = ("train.seed",)
 """Flat config keys that tell seeds of one configuration apart (never part of ``config``)."""
 
-_TAGS = tracking_schema.TRIAL_TAGS  # frame column -> MLflow tag
+_TAGS = {**tracking_schema.TRIAL_TAGS, "error": tracking_schema.TAG_ERROR}  # frame column -> MLflow tag
 _PARAMS = {  # frame column -> flat config key (par_ray.config.to_flat); only what the tables and plots use
     "train_depth": "task.train_depth",
     "eval_depths": "eval.depths",
@@ -90,6 +91,7 @@ TRIAL_SCHEMA = {
     "config": pl.String,
     "seed": pl.Int64,
     "git_commit": pl.String,
+    "error": pl.String,
     "train_depth": pl.Int64,
     "eval_depths": pl.String,
     "anchoring": pl.String,
@@ -192,6 +194,7 @@ def trials_frame(records: list[dict]) -> pl.DataFrame:
         "config",
         pl.col("seed").str.strip_chars().cast(pl.Int64, strict=False),
         "git_commit",
+        "error",
         pl.col("train_depth").str.strip_chars().cast(pl.Int64, strict=False),
         "eval_depths",
         "anchoring",

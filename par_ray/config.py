@@ -749,6 +749,19 @@ def _convert_fixed(raw: typing.Any, hint: typing.Any) -> tuple:
     return tuple(_convert(x, a) for x, a in zip(items, args))
 
 
+def parse_overrides(items: typing.Iterable[str], flag: str = "--set") -> dict[str, str]:
+    """``SECTION.FIELD=VALUE`` strings (a CLI's repeatable ``--set``) → flat overrides, values as text for
+    :func:`from_flat` to convert; a later item wins. Raises ``ValueError`` naming ``flag`` for an item without ``=``
+    or without a key."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{flag}: expected SECTION.FIELD=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def with_overrides(cfg: TrialConfig, **sections: dict[str, typing.Any]) -> TrialConfig:
     """``with_overrides(cfg, recipe={"anchoring": False})``: a copy with fields of named sections replaced."""
     return replace(cfg, **{s: dataclasses.replace(getattr(cfg, s), **u) for s, u in sections.items()})

@@ -8,7 +8,9 @@ identify things):
 - parent run per sweep, tags ``par_ray.role = "sweep"``, ``par_ray.sweep = <name>`` and
   ``par_ray.experiment_path`` (the Tune experiment directory, which identifies the sweep on ``--resume``);
 - child run per trial, tags ``mlflow.parentRunId``, ``par_ray.role = "trial"``, ``par_ray.trial_id``,
-  ``par_ray.recipe``, ``par_ray.backbone``, ``par_ray.task``, ``par_ray.seed``, ``par_ray.git_commit``;
+  ``par_ray.recipe``, ``par_ray.backbone``, ``par_ray.task``, ``par_ray.seed``, ``par_ray.git_commit``, and on a
+  FAILED trial ``par_ray.error`` (``"<ErrorClass>: <message>"``, at most :data:`ERROR_TAG_CHARS` characters) with the
+  artifact ``error.txt`` (the same, longer: :data:`ERROR_TEXT_CHARS`);
   params = ``par_ray.config.to_flat(cfg)`` without anything that looks like a secret (:func:`redact`);
   step metrics logged with ``step=`` the optimizer step, so the latest value of each is the final one (the loop's
   ``R`` and ``depth``, drawn afresh at every step, are logged as ``R_last_step`` and ``depth_last_step``: the values
@@ -50,6 +52,8 @@ from par_ray.tracking_schema import (ARTIFACT_ACCURACY_CSV, ARTIFACT_ACCURACY_JS
                                      METRIC_RENAMES, ROLE_SWEEP, ROLE_TRIAL, TAG_BACKBONE, TAG_EXPERIMENT_KIND,
                                      TAG_EXPERIMENT_PATH, TAG_GIT_COMMIT, TAG_PARENT, TAG_RECIPE, TAG_ROLE, TAG_SEED,
                                      TAG_SWEEP, TAG_TASK, TAG_TRIAL_ID, depth_metric, experiment_name)
+from par_ray.tracking_schema import (ARTIFACT_ERROR, ERROR_TAG_CHARS, ERROR_TEXT_CHARS,  # noqa: F401 - re-exported
+                                     TAG_ERROR)
 
 _SECRET_KEY = re.compile(r"token|secret|passw(or)?d|passwd|credential|auth|api[_-]?key|access[_-]?key|private[_-]?key"
                          r"|(^|[._-])key($|[._-])", re.IGNORECASE)
@@ -88,11 +92,12 @@ def artifact_root(uri: str) -> str | None:
 
 
 def git_commit(cwd: str | None = None) -> str:
-    """HEAD of the repository at ``cwd`` (``PAR_RAY_GIT_COMMIT`` wins; ``"unknown"`` outside a git checkout)."""
+    """HEAD of the repository at ``cwd``, by default the checkout this package runs from (not the working
+    directory: a driver may run elsewhere). ``PAR_RAY_GIT_COMMIT`` wins; ``"unknown"`` outside a git checkout."""
     if os.environ.get("PAR_RAY_GIT_COMMIT"):
         return os.environ["PAR_RAY_GIT_COMMIT"]
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or os.getcwd(), capture_output=True, text=True,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or str(Path(__file__).resolve().parent), capture_output=True, text=True,
                              timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -111,6 +116,20 @@ def trial_tags(cfg: TrialConfig, trial_id: str, parent_run_id: str, commit: str)
         TAG_SEED: str(cfg.train.seed),
         TAG_GIT_COMMIT: commit,
     }
+
+
+def sweep_run_params(uri: str, sweep: str, experiment_path: str) -> dict[str, str] | None:
+    """The params of the parent run of the sweep stored at ``experiment_path`` (``None`` if it has none yet)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment_name(sweep))
+    if exp is None:
+        return None
+    found = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = 'sweep' and tags.`{TAG_EXPERIMENT_PATH}` = "
+                                           f"'{_quote(experiment_path)}'", max_results=1)
+    return dict(found[0].data.params) if found else None
 
 
 @dataclass
@@ -136,6 +155,9 @@ class SweepTracker:
     @property
     def client(self):
         if self._client is None:
+            # MLflow prints "🏃 View run <name> at: <url>" per run it ends on an HTTP server: one line per trial
+            # in the sweep's console, which names the runs itself
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
             from mlflow.tracking import MlflowClient
 
             self._client = MlflowClient(tracking_uri=self.uri)
@@ -151,6 +173,7 @@ class SweepTracker:
         reused and set RUNNING again)."""
         from mlflow.tracking import MlflowClient
 
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # see SweepTracker.client
         client = MlflowClient(tracking_uri=uri)
         name = experiment_name(sweep)
         exp = client.get_experiment_by_name(name)
@@ -248,8 +271,11 @@ class SweepTracker:
         return len(runs)
 
     def finish_trial(self, trial_id: str, cfg: TrialConfig, final: typing.Mapping[str, typing.Any] | None,
-                     status: str) -> None:
+                     status: str, error: tuple[str, str] | None = None) -> None:
         """Log the artifacts of a trial from its final metrics and end its run with ``status``.
+
+        ``error``: (error class, message) of a trial that failed (:func:`par_ray.sweep.run.failure_reason`): the tag
+        :data:`TAG_ERROR` and the artifact :data:`ARTIFACT_ERROR` record it, so the run says why it failed.
 
         A FINISHED trial also gets its accuracy-by-depth curve as the metrics ``acc_by_depth`` / ``acc_by_multiple``
         (:func:`curve_metrics`), once: a run that already has them (a resumed sweep re-finishing a trial) is left
@@ -267,6 +293,10 @@ class SweepTracker:
             self._log_batch(run_id, curve)
         with tempfile.TemporaryDirectory() as d:
             write_trial_artifacts(d, cfg, final)
+            if error is not None:
+                text = f"{error[0]}: {error[1]}"
+                self.client.set_tag(run_id, TAG_ERROR, text[:ERROR_TAG_CHARS])
+                Path(d, ARTIFACT_ERROR).write_text(text[:ERROR_TEXT_CHARS] + "\n")
             self.client.log_artifacts(run_id, d)
         self.client.set_terminated(run_id, status=status)
 

@@ -11,7 +11,7 @@
   depth D ``{kind}_d{D}`` (:func:`depth_metric`), with a stopping rule's suffix ``_k{k}n{n}t{tau}``
   (:func:`rule_suffix`) and/or the pending signal's ``_pending``; per iteration k ``{kind}_k{k}``
   (:func:`iteration_metric`); the final curve :data:`CURVE_BY_DEPTH` / :data:`CURVE_BY_MULTIPLE`;
-- artifacts :data:`ARTIFACTS`.
+- artifacts :data:`ARTIFACTS`; a FAILED trial run also has :data:`TAG_ERROR` and :data:`ARTIFACT_ERROR`.
 
 Metric names are parsed back with :func:`parse_metric`, or, column-wise in polars, with the regular expressions of
 :func:`depth_metric_pattern` and :func:`iteration_metric_pattern` (named groups, valid in Python's ``re`` and in
@@ -45,6 +45,13 @@ TAG_BACKBONE = "par_ray.backbone"
 TAG_TASK = "par_ray.task"
 TAG_SEED = "par_ray.seed"
 TAG_GIT_COMMIT = "par_ray.git_commit"
+TAG_ERROR = "par_ray.error"
+"""On a FAILED trial run: ``"<ErrorClass>: <message>"`` (at most :data:`ERROR_TAG_CHARS` characters)."""
+ERROR_TAG_CHARS = 500
+"""Length limit of :data:`TAG_ERROR` (MLflow tags hold 8,000 characters; the runs table shows a line)."""
+ARTIFACT_ERROR = "error.txt"
+"""On a FAILED trial run: the same reason, longer (:data:`ERROR_TEXT_CHARS`), without Ray's wrapping tracebacks."""
+ERROR_TEXT_CHARS = 20_000
 TRIAL_TAGS = {"trial_id": TAG_TRIAL_ID, "recipe": TAG_RECIPE, "backbone": TAG_BACKBONE, "task": TAG_TASK,
               "seed": TAG_SEED, "git_commit": TAG_GIT_COMMIT}
 """What a child run's tags name → the tag (besides :data:`TAG_PARENT` and :data:`TAG_ROLE`)."""

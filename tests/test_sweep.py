@@ -367,6 +367,7 @@ def test_stale_local_cluster_address_starts_a_new_local_cluster(tmp_path, monkey
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # Ray's temp root: the file is <RAY_TMPDIR>/ray/ray_current_cluster
+    monkeypatch.setattr(sweep.resources, "_running_head_temp_dirs", list)  # not the heads other jobs run here
     assert ray_address() == "local"  # no file
     (tmp_path / "ray").mkdir()
     with socket.socket() as s:
@@ -431,8 +432,11 @@ def test_console_is_quiet_by_ray_knobs(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "local")
     monkeypatch.delenv("RAY_TRAIN_ENABLE_PRINT_PATCH", raising=False)
     monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's choice wins
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "")  # unset; restored when the test ends
     resources.connect()
     assert calls[-1]["address"] == "local" and calls[-1]["log_to_driver"]
+    # a new local cluster's State API is pinned to its own dashboard (Train's PlacementGroupCleaner asks it)
+    assert os.environ["RAY_API_SERVER_ADDRESS"] == f"http://127.0.0.1:{calls[-1]['dashboard_port']}"
     assert calls[-1]["runtime_env"]["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
                                                     "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"}
     assert calls[-1]["runtime_env"]["worker_process_setup_hook"] is resources.quiet_worker_logging

@@ -10,6 +10,7 @@ import sys
 import typing
 
 from par_ray import presets
+from par_ray.config import parse_overrides
 from par_ray.model.registry import BACKBONES
 from par_ray.accelerators import GPU_MEMORY_GB
 from par_ray.sweep.run import run_sweep
@@ -68,6 +69,9 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
     p.add_argument("--dry-run", action="store_true", help="print the trials and resources, then exit")
     p.add_argument("--resume", action="store_true", help="continue the sweep stored under --storage")
     p.add_argument("--smoke-test", action="store_true", help="a few steps per trial, tiny evaluation")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", dest="overrides",
+                   help="override a config field of every trial, e.g. --set train.lr=3e-4 (repeatable; recorded in "
+                        "the parent run; --resume must repeat the same ones)")
     if spec.search is not None:
         p.add_argument("--metric", default=None,
                        help=f"metric to optimize (default {spec.search.metric}): G, acc_longest, acc_d<D>, loss …")
@@ -75,9 +79,13 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
     a = p.parse_args(argv)
     if getattr(a, "num_samples", None) is not None and a.num_samples < 1:
         p.error(f"argument --num-samples: must be >= 1, got {a.num_samples}")
+    try:
+        overrides = parse_overrides(a.overrides)
+    except ValueError as e:
+        p.error(str(e))
     return Options(preset=a.preset, seeds=a.seeds, backbones=a.backbones, storage=a.storage, mlflow_uri=a.mlflow_uri,
                    dry_run=a.dry_run, resume=a.resume, smoke_test=a.smoke_test, metric=getattr(a, "metric", None),
-                   num_samples=getattr(a, "num_samples", None), gpu_types=a.gpu_types)
+                   num_samples=getattr(a, "num_samples", None), gpu_types=a.gpu_types, overrides=overrides)
 
 
 def main(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> int:
@@ -88,3 +96,13 @@ def main(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> int:
     except SweepConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk, an unreachable store: the runs are closed already (run_sweep)
+        print(f"error: {os_error_line(e)}", file=sys.stderr)
+        return 1
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for an ``OSError``: what failed and on which path (``No space left on device: /runs/x/...``)."""
+    what = e.strerror or str(e) or type(e).__name__
+    path = e.filename if e.filename is not None else ""
+    return f"{what}: {path}" if path else what

@@ -3,8 +3,9 @@
 A trial holds its Train workers (from the ``TorchTrainer`` that ``par_ray.train.trainer.build_trainer`` makes) plus a
 driver that reserves memory, not CPU (:data:`DRIVER_RESOURCES`). ``max_concurrent_trials`` comes from the cluster's
 resources and the largest trial's need, so trials never wait on each other for workers. :func:`connect` joins
-``RAY_ADDRESS``, a running local cluster (``ray start --head``), or starts a new local one; a stale
-``ray_current_cluster`` file left by a head that died is reported and skipped, never retried forever.
+``RAY_ADDRESS``, a running local cluster (``ray start --head``, also with ``--temp-dir``), or starts a new local one,
+and says which; a stale ``ray_current_cluster`` file left by a head that died is reported and skipped, never retried
+forever.
 """
 
 from __future__ import annotations
@@ -124,18 +125,45 @@ def ray_address() -> str:
     from ray._common.utils import get_ray_address_file
     from ray._private.utils import read_ray_address
 
-    address = read_ray_address()
-    if not address:
-        return "local"
+    default = read_ray_address()
+    found = [(get_ray_address_file(None), default)] if default else []
+    found += [(get_ray_address_file(d), a) for d in _running_head_temp_dirs()
+              if (a := read_ray_address(d)) and a != default]
+    for path, address in found:
+        if _answers(address):
+            return address
+        print(f"warning: {path} names a Ray cluster at {address} that does not answer (a head that stopped without "
+              f"`ray stop`); skipping it. To clear it: `ray stop` (or delete that file); to use a cluster, set "
+              f"RAY_ADDRESS", file=sys.stderr, flush=True)
+    return "local"
+
+
+def _answers(address: str) -> bool:
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=GCS_PROBE_TIMEOUT_S):
-            return address
+            return True
     except (OSError, ValueError):
-        print(f"warning: {get_ray_address_file(None)} names a Ray cluster at {address} that does not answer (a head "
-              f"that stopped without `ray stop`); starting a new local cluster instead. To clear it: `ray stop` "
-              f"(or delete that file); to use a cluster, set RAY_ADDRESS", file=sys.stderr, flush=True)
-        return "local"
+        return False
+
+
+def _running_head_temp_dirs() -> list[str]:
+    """The ``--temp-dir`` of every Ray node running on this host (from its raylet's command line, as
+    ``ray.init(address="auto")`` finds running clusters from their processes). A head started with ``ray start
+    --head --temp-dir X`` names itself in ``X/ray_current_cluster``; a private ``ray.init()`` instance (a test's, a
+    notebook's) writes no such file, so it is never joined."""
+    import psutil
+
+    dirs = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info.get("cmdline") or []
+        if not cmd or not os.path.basename(cmd[0]).startswith("raylet"):
+            continue
+        for arg in cmd[1:]:
+            for flag in ("--temp_dir=", "--temp-dir="):
+                if arg.startswith(flag) and arg[len(flag):] not in dirs:
+                    dirs.append(arg[len(flag):])
+    return dirs
 
 
 QUIET_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
@@ -186,8 +214,29 @@ def connect():
     env = {**QUIET_ENV, **(LOCAL_ENV if address == "local" else {})}
     env = {k: v for k, v in env.items() if k not in os.environ}  # the user's (or the Ray job's) setting wins
     runtime_env = {"worker_process_setup_hook": quiet_worker_logging, **({"env_vars": env} if env else {})}
-    return ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True,
-                    runtime_env=runtime_env)
+    local = {}
+    if address == "local" and not os.environ.get("RAY_API_SERVER_ADDRESS"):
+        # As train.trainer.local_ray: Ray Train's PlacementGroupCleaner asks the State API about its controller; with
+        # no address set it auto-detects "the" Ray instance and, beside another one on this host, asks the wrong one
+        # (tracebacks, "Found multiple active Ray instances", a leaked placement group). Pin it to this cluster's
+        # dashboard, before Ray starts, so every Ray process inherits it.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+        local = dict(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port)
+    try:
+        context = ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True,
+                           runtime_env=runtime_env, **local)
+    except ray.exceptions.AuthenticationError:
+        raise SweepConfigError(f"Ray: the cluster at {address} requires token authentication and no token was found; "
+                               f"set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token") from None
+    if address == "local":
+        res = ray.cluster_resources() if ray.is_initialized() else {}
+        print(f"Ray: started a local cluster ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU)", flush=True)
+    else:
+        print(f"Ray: joined {address}", flush=True)
+    return context
 
 
 def cluster_has_gpu() -> bool:
@@ -232,7 +281,7 @@ def print_plan(plan: Plan, train_storage: str) -> None:
               f"over {len(shown)} grid point(s); search space:")
         for k, d in plan.search.space.items():
             print(f"  {k}: {_describe_domain(d)}")
-    fixed = fixed_overrides(plan.spec, plan.preset)
+    fixed = {**fixed_overrides(plan.spec, plan.preset), **plan.overrides}
     if fixed:  # e.g. the halting sweep's stopping rules, which no table column shows
         print("every trial: " + ", ".join(f"{k}={v}" for k, v in fixed.items()))
     cell_col = " cell |" if cell_keys else ""

@@ -21,7 +21,10 @@ and ``stderr`` (``RunConfig(log_to_file=True)``).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import sys
 import time
 import typing
@@ -39,24 +42,69 @@ STATUS_EVERY_S = 300
 # --------------------------------------------------------------------------------------------------------------------
 # Tune: the per-trial driver and the MLflow callback
 
+NOT_RETRYABLE_MARKER = "par_ray_not_retryable.json"
+"""Written into a trial's Train run folder when the trial failed with an error no retry can fix
+(``par_ray.train.trainer.NOT_RETRYABLE``); a restarted driver of that trial fails at once without training
+(:class:`NotRetryableError`). ``--resume`` removes the markers, so it retries those trials (the cause fixed)."""
+
+
+class NotRetryableError(RuntimeError):
+    """The trial failed earlier with an error a retry cannot fix (``error_class``: ``error_message``); raised by a
+    driver Tune restarted under its ``FailureConfig``, which retries every error alike."""
+
+    def __init__(self, error_class: str, error_message: str):
+        super().__init__(f"{error_class}: {error_message}")
+        self.error_class, self.error_message = error_class, error_message
+
+    def __reduce__(self):
+        return (NotRetryableError, (self.error_class, self.error_message))
+
+
+def failure_reason(error: BaseException) -> tuple[str, str]:
+    """(error class, message) of the user error inside a failed trial's Ray error (``RayTaskError`` →
+    ``WorkerGroupError`` → each rank's exception): the first not-retryable one, else the first rank's."""
+    from par_ray.train.trainer import NOT_RETRYABLE, root_causes
+
+    causes = root_causes(error)
+    for c in causes:
+        if isinstance(c, NotRetryableError):
+            return c.error_class, c.error_message
+    cause = next((c for c in causes if isinstance(c, NOT_RETRYABLE)), causes[0])
+    return type(cause).__name__, str(cause).strip()
+
+
 def _trial_driver(params: dict, train_storage: str, train_max_failures: int,
                   extra_recipes: typing.Mapping[str, Recipe] | None = None,
                   checkpoint_score: tuple[str, str] | None = None) -> None:
     """One trial (a Tune function trainable): build this trial's TorchTrainer and fit it; Train reports reach Tune.
 
     ``checkpoint_score``: (search metric, mode), so Train keeps the best checkpoints by it (``None`` for a grid).
+    An error no retry can fix fails the trial once: Train's policy raises it at once
+    (``par_ray.train.trainer.FailFastPolicy``), and Tune, whose ``FailureConfig`` retries every error, restarts a
+    driver that finds :data:`NOT_RETRYABLE_MARKER` and raises :class:`NotRetryableError` without training.
     """
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from par_ray.train.trainer import build_trainer
+    from par_ray.train.trainer import build_trainer, is_retryable
 
     cfg = resolve(params, extra_recipes)
     name = f"trial_{ray.tune.get_context().get_trial_id()}"
+    marker = f"{train_storage}/{name}/{NOT_RETRYABLE_MARKER}"
+    earlier = _read_text(marker)
+    if earlier is not None:
+        record = json.loads(earlier)
+        raise NotRetryableError(record["error_class"], record["message"])
     trainer = build_trainer(cfg, name=name, storage_path=train_storage, max_failures=train_max_failures,
                             callbacks=[TuneReportCallback(), _failure_lines(f"{name} ({trial_label(cfg)})")],
                             checkpoint_score=checkpoint_score, log_level="WARNING")
-    trainer.fit()
+    try:
+        trainer.fit()
+    except Exception as e:
+        if not is_retryable(e):
+            error_class, message = failure_reason(e)
+            _write_text(marker, json.dumps({"error_class": error_class, "message": message}))
+        raise
     _wait_for_tune_to_take_the_last_report()
 
 
@@ -87,13 +135,17 @@ def _failure_lines(trial: str):
     sweep keeps off the console."""
     from ray.train import UserCallback
 
+    from par_ray.train.trainer import is_retryable, root_causes
+
     class FailureLines(UserCallback):
         def after_exception(self, run_context, worker_exceptions):
             for rank, error in sorted(worker_exceptions.items()):
-                text = " ".join(str(error).split())
-                sys.stderr.write(f"{trial}: Train worker rank {rank} failed: {type(error).__name__}: {text[:1000]}; "
-                                 f"Train restarts the worker group from the latest checkpoint if its "
-                                 f"FailureConfig allows\n")
+                cause = root_causes(error)[0]
+                text = " ".join(str(cause).split())
+                then = ("Train restarts the worker group from the latest checkpoint if its FailureConfig allows"
+                        if is_retryable(error) else "a restart cannot fix this error: the trial fails now")
+                sys.stderr.write(f"{trial}: Train worker rank {rank} failed: {type(cause).__name__}: {text[:1000]}; "
+                                 f"{then}\n")
             sys.stderr.flush()
 
     return FailureLines()
@@ -103,7 +155,29 @@ def _trial_dirname(trial) -> str:
     return f"trial_{trial.trial_id}"
 
 
-def _make_callback(tracker, extra_recipes):
+def checkpoint_reports(train_storage: str, name: str) -> list[dict]:
+    """The report saved with each checkpoint of Train run ``name`` (``extra.json``'s ``report``), in step order.
+
+    Train registers a checkpoint before Tune hands its report to the MLflow callback; a sweep stopped in between
+    resumes after that checkpoint, and without these the step would be missing from the run's metric history."""
+    import pyarrow.fs
+
+    fs, run_dir = pyarrow.fs.FileSystem.from_uri(f"{train_storage.rstrip('/')}/{name}")
+    reports = []
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(run_dir, allow_not_found=True)):
+        if info.type != pyarrow.fs.FileType.Directory or not info.base_name.startswith("checkpoint_"):
+            continue
+        try:
+            with fs.open_input_stream(f"{info.path}/extra.json") as f:
+                report = json.loads(f.read().decode()).get("report")
+        except (OSError, ValueError, AttributeError):
+            continue  # incomplete: repair_run_storage removes it on --resume
+        if isinstance(report, dict) and "step" in report:
+            reports.append(report)
+    return sorted(reports, key=lambda r: r["step"])
+
+
+def _make_callback(tracker, extra_recipes, train_storage: str | None = None):
     from ray.tune import Callback
     from ray.tune.result import AUTO_RESULT_KEYS
 
@@ -112,12 +186,17 @@ def _make_callback(tracker, extra_recipes):
     class MLflowTrials(Callback):
         """Trial → child run of the sweep's parent run (``par_ray.tracking``), on the sweep driver."""
 
-        def __init__(self, tracker, extra_recipes):
-            self.tracker, self.extra_recipes = tracker, extra_recipes
+        def __init__(self, tracker, extra_recipes, train_storage):
+            self.tracker, self.extra_recipes, self.train_storage = tracker, extra_recipes, train_storage
 
         def on_trial_start(self, iteration, trials, trial, **info):
             cfg = resolve(trial.config, self.extra_recipes)
+            resumed = self.tracker.find_trial_run(trial.trial_id) is not None
             self.tracker.start_trial(trial.trial_id, cfg, run_name=trial_label(cfg))
+            storage = getattr(self, "train_storage", None)  # None: a sweep pickled before it was kept here
+            if resumed and storage:  # the checkpoints' reports Tune never handed over (logged once: by step)
+                for report in checkpoint_reports(storage, f"trial_{trial.trial_id}"):
+                    self.tracker.log_metrics(trial.trial_id, report, int(report["step"]))
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             metrics = {k: v for k, v in result.items() if k not in skip}
@@ -130,10 +209,33 @@ def _make_callback(tracker, extra_recipes):
             self.tracker.finish_trial(trial.trial_id, cfg, last, "FINISHED" if done else "KILLED")
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            self.tracker.finish_trial(trial.trial_id, resolve(trial.config, self.extra_recipes), trial.last_result,
-                                     "FAILED")
+            cfg = resolve(trial.config, self.extra_recipes)
+            error = _trial_error(trial)
+            sys.stderr.write(f"trial {trial_label(cfg)} ({trial.trial_id}) failed: {error[0]}: "
+                             f"{' '.join(error[1].split())[:1000]} (traceback: {trial.error_file})\n")
+            sys.stderr.flush()
+            self.tracker.finish_trial(trial.trial_id, cfg, trial.last_result, "FAILED", error=error)
 
-    return MLflowTrials(tracker, extra_recipes)
+    return MLflowTrials(tracker, extra_recipes, train_storage)
+
+
+def _trial_error(trial) -> tuple[str, str]:
+    """(error class, message) of a Tune trial that errored, from the error Tune pickled beside it (its text trace
+    when the error did not pickle)."""
+    import cloudpickle
+
+    try:
+        if trial.pickled_error_file and os.path.exists(trial.pickled_error_file):
+            with open(trial.pickled_error_file, "rb") as f:
+                return failure_reason(cloudpickle.load(f))
+    except Exception:  # noqa: BLE001 - an error that does not unpickle here: fall back to its text
+        pass
+    text = ""
+    if trial.error_file and os.path.exists(trial.error_file):
+        with open(trial.error_file) as f:
+            text = f.read()
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("Failure #")]
+    return "TrialError", lines[-1].strip() if lines else "no error recorded"
 
 
 def _reporter(plan: Plan):
@@ -186,6 +288,8 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     if not opts.resume and _exists(experiment_path):
         raise SweepConfigError(f"--storage: a sweep {spec.name!r} already exists at {experiment_path}; pass --resume "
                                f"to continue it or choose another --storage")
+    if opts.resume:
+        _check_resume_overrides(spec.name, experiment_path, uri, opts.overrides)
 
     from ray import tune
 
@@ -220,6 +324,10 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
                              checkpoint_score=checkpoint_score(plan)),
         dict(DRIVER_RESOURCES))
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # see _reporter
+    # Tune logs each failed attempt of a trial with Ray's wrapped traceback (~40 lines); the sweep prints one line
+    # per failed worker (_failure_lines) and per failed trial (MLflowTrials.on_trial_error), which names the trial's
+    # error file for the traceback
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     if opts.resume:
         tuner = tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True, resume_errored=True)
     else:
@@ -230,13 +338,19 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
             run_config=tune.RunConfig(
                 name=spec.name, storage_path=f"{storage}/tune",
                 failure_config=tune.FailureConfig(max_failures=spec.tune_max_failures),
-                callbacks=[_make_callback(tracker, dict(spec.extra_recipes))], verbose=1,
+                callbacks=[_make_callback(tracker, dict(spec.extra_recipes), train_storage)], verbose=1,
                 progress_reporter=_reporter(plan), log_to_file=True),
         )
+    if opts.resume:
+        _clear_not_retryable_markers(train_storage)
+        _repair_trial_storage(train_storage)
     try:
-        results = tuner.fit()
-    except BaseException:
-        tracker.finish("KILLED")
+        with _sigterm_as_ctrl_c(tracker):
+            results = tuner.fit()
+    except BaseException as e:
+        closed = _close_runs(tracker)
+        print(f"\nsweep {spec.name} stopped by {type(e).__name__}; {closed} trial run(s) and the sweep run closed as "
+              f"KILLED. {RESUME_HINT}", file=sys.stderr, flush=True)
         raise
     if context is not None:  # a cluster this call connected to: flush the trials' last lines before the summary
         import ray
@@ -256,9 +370,107 @@ def finish_sweep(results, plan: Plan, tracker, analysis_dir: str | None) -> int:
     tracker.finish(sweep_status(counts))
     _run_analysis(plan.spec.name, tracker, analysis_dir)
     if failed:
-        print(f"{failed} trial(s) failed or did not finish; fix the cause and rerun with --resume (same --storage) "
-              f"to finish them", file=sys.stderr)
+        print(f"{failed} trial(s) failed or did not finish; fix the cause and {RESUME_HINT[0].lower()}"
+              f"{RESUME_HINT[1:]}", file=sys.stderr)
     return 1 if failed else 0
+
+
+RESUME_HINT = "Rerun with --resume (same --storage and --set) to finish them."
+
+
+def _close_runs(tracker) -> int:
+    """Close every open child run of the sweep and its parent run as KILLED (``--resume`` reopens them); returns the
+    number of child runs closed (-1 when the store refused: one line says why, e.g. a full disk under a SQLite store).
+    A fresh MLflow client: this may run inside a signal handler, while the sweep's own client is mid-call."""
+    from par_ray import tracking
+
+    fresh = tracking.SweepTracker(uri=tracker.uri, experiment_id=tracker.experiment_id,
+                                  parent_run_id=tracker.parent_run_id)
+    try:
+        closed = fresh.close_open_trials("KILLED")
+        fresh.finish("KILLED")
+    except Exception as e:  # noqa: BLE001 - closing is best effort; --resume reopens the runs either way
+        print(f"could not close the MLflow runs ({type(e).__name__}: {' '.join(str(e).split())[:300]})",
+              file=sys.stderr, flush=True)
+        return -1
+    return closed
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c(tracker):
+    """While Tune runs, SIGTERM (``ray job stop``, ``kill``, a scheduler's preemption notice) stops the sweep as
+    Ctrl-C does: Tune's own SIGINT handler ends the run gracefully and ``run_sweep`` prints the summary and the
+    ``--resume`` hint. The MLflow runs are closed as KILLED first, in the handler, because ``ray job stop`` sends
+    SIGKILL 3 s later (``RAY_JOB_STOP_WAIT_TIME_S``), often before Tune has stopped. Ray's own driver handler (which
+    raises ``SystemExit`` wherever the driver happens to be) is restored afterwards."""
+    def stop(signum, frame):
+        closed = _close_runs(tracker)
+        print(f"\n{signal.Signals(signum).name} received: stopping the sweep as Ctrl-C does ({closed} trial run(s) "
+              f"and the sweep run closed as KILLED)", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGTERM, previous)  # a second SIGTERM stops at once
+        tune_stop = signal.getsignal(signal.SIGINT)
+        if callable(tune_stop) and tune_stop is not signal.default_int_handler:
+            tune_stop(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave SIGTERM as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _check_resume_overrides(sweep: str, experiment_path: str, uri: str, overrides: typing.Mapping[str, str]) -> None:
+    """``--resume`` continues the sweep as it was started: its ``--set`` overrides (the parent run's ``set`` param)
+    must be the ones given now, else :class:`SweepConfigError` naming both."""
+    from par_ray import tracking
+
+    params = tracking.sweep_run_params(uri, sweep, experiment_path)
+    if params is None:
+        return
+    stored, now = params.get("set", ""), format_overrides(overrides)
+    if stored != now:
+        raise SweepConfigError(f"--set: the sweep at {experiment_path} was started with --set {stored or '(none)'}; "
+                               f"--resume must repeat them (got {now or '(none)'}); to change them, start a new sweep "
+                               f"under another --storage")
+
+
+def format_overrides(overrides: typing.Mapping[str, str]) -> str:
+    """``--set`` overrides as recorded in the parent run's ``set`` param: ``key=value`` joined by spaces, sorted."""
+    return " ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+
+
+def _repair_trial_storage(train_storage: str) -> None:
+    """``--resume`` after a full disk or a killed node: each trial's Train checkpoints made loadable again
+    (``par_ray.train.trainer.repair_run_storage``), one line per repair."""
+    import pyarrow.fs
+
+    from par_ray.train.trainer import repair_run_storage
+
+    fs, inner = pyarrow.fs.FileSystem.from_uri(train_storage)
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(inner, allow_not_found=True)):
+        if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("trial_"):
+            for note in repair_run_storage(train_storage, info.base_name):
+                print(f"resume: {info.base_name}: {note}", flush=True)
+
+
+def _clear_not_retryable_markers(train_storage: str) -> None:
+    """``--resume`` retries trials that failed with an error no retry could fix (the user fixed the cause): remove
+    their :data:`NOT_RETRYABLE_MARKER` files."""
+    import pyarrow.fs
+
+    fs, inner = pyarrow.fs.FileSystem.from_uri(train_storage)
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(inner, allow_not_found=True)):
+        if info.type == pyarrow.fs.FileType.Directory:
+            marker = f"{info.path}/{NOT_RETRYABLE_MARKER}"
+            if fs.get_file_info(marker).type == pyarrow.fs.FileType.File:
+                fs.delete_file(marker)
 
 
 def checkpoint_score(plan: Plan) -> tuple[str, str] | None:
@@ -308,6 +520,8 @@ def _sweep_params(plan: Plan, opts: Options) -> dict[str, typing.Any]:
     cells = cells_of(plan.spec, plan.preset)
     if cells:  # explicit (recipe, task, …) cells: the grid is not recipes × tasks
         out["cells"] = ";".join(",".join(f"{k}={v}" for k, v in c.items()) for c in cells)
+    if opts.overrides:
+        out["set"] = format_overrides(opts.overrides)
     if plan.search is not None:
         out.update({"search.metric": plan.metric, "search.mode": plan.mode,
                     "search.space": ",".join(plan.search.space)})
@@ -373,20 +587,46 @@ def _run_analysis(sweep: str, tracker, out_dir: str | None) -> bool:
         if getattr(e, "name", None) not in ("analysis", "analysis.report"):
             print(f"analysis unavailable ({e}); rerun: {rerun}", file=sys.stderr)
         return False
-    try:
-        report = analyze(f"par_ray/{sweep}", parent_run_id=tracker.parent_run_id, tracking_uri=tracker.uri,
-                         out_dir=out_dir)
-    except Exception as e:  # noqa: BLE001 - the runs are tracked already; analysis can be rerun with python -m analysis
-        print(f"analysis failed ({type(e).__name__}: {e}); rerun: {rerun}", file=sys.stderr)
-        return False
+    import tempfile
+
+    # remote storage: the tables and figures go to the parent run only, through a folder removed afterwards
+    folder = contextlib.nullcontext(out_dir) if out_dir is not None else tempfile.TemporaryDirectory(
+        prefix="par_ray_analysis_")
+    with folder as out:
+        try:
+            report = analyze(f"par_ray/{sweep}", parent_run_id=tracker.parent_run_id, tracking_uri=tracker.uri,
+                             out_dir=out)
+        except Exception as e:  # noqa: BLE001 - the runs are tracked already; rerun with python -m analysis
+            print(f"analysis failed ({type(e).__name__}: {e}); rerun: {rerun}", file=sys.stderr)
+            return False
     report = report if isinstance(report, dict) else {}
     if report.get("main_table"):
         print("\n" + str(report["main_table"]))
     for w in report.get("warnings", ()):
         print(f"analysis: {w}")
-    print(f"analysis: tables and figures in {report.get('out_dir', out_dir)}, logged to parent run "
-          f"{tracker.parent_run_id}")
+    where = f"in {out_dir}, " if out_dir is not None else ""
+    print(f"analysis: tables and figures {where}logged to parent run {tracker.parent_run_id}")
     return bool(report.get("main_table"))
+
+
+def _read_text(path: str) -> str | None:
+    """A local file's or a storage URI's text (through pyarrow, as Ray's storage); ``None`` when it does not exist."""
+    import pyarrow.fs
+
+    fs, inner = pyarrow.fs.FileSystem.from_uri(path)
+    if fs.get_file_info(inner).type != pyarrow.fs.FileType.File:
+        return None
+    with fs.open_input_stream(inner) as f:
+        return f.readall().decode()
+
+
+def _write_text(path: str, text: str) -> None:
+    import pyarrow.fs
+
+    fs, inner = pyarrow.fs.FileSystem.from_uri(path)
+    fs.create_dir(inner.rpartition("/")[0], recursive=True)
+    with fs.open_output_stream(inner) as f:
+        f.write(text.encode())
 
 
 def _exists(path: str) -> bool:

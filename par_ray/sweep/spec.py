@@ -120,6 +120,9 @@ class Options:
     smoke_test: bool = False
     metric: str | None = None
     num_samples: int | None = None
+    overrides: typing.Mapping[str, str] = field(default_factory=dict)
+    """``--set SECTION.FIELD=VALUE``: flat overrides applied to every trial after the sweep's own (``recipe.*`` keys
+    after the recipe, like ``SweepSpec.overrides``); recorded in the parent run and checked by ``--resume``."""
     gpu_types: tuple[str, ...] = ()
     """Paper preset only: the GPU types trials may run on, cheapest first (``"L40S"`` or ``"L40S:4"``: at most 4
     GPUs per trial, one node's worth; ``par_ray.presets.gpu_targets``). Empty: any GPU, planned for 80 GB."""
@@ -139,6 +142,8 @@ class Plan:
     metric: str | None
     """The search metric, aliases resolved (``None`` for a grid)."""
     mode: str | None
+    overrides: typing.Mapping[str, str] = field(default_factory=dict)
+    """``--set`` overrides (``Options.overrides``), in every trial's params."""
 
 
 _RESOLVED: dict[tuple[str, tuple], TrialConfig] = {}
@@ -211,11 +216,15 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
     if cells:  # the cells replace the dimensions they name; the others cross with them
         dims = {CELL_KEY: tuple(_flat_values(c) for c in cells), **{k: v for k, v in dims.items() if k not in cells[0]}}
 
+    errs = override_errors(spec, opts.overrides)
+    if errs:
+        raise SweepConfigError("--set: " + "; ".join(errs))
     fixed: dict[str, typing.Any] = {"preset": preset, **fixed_overrides(spec, preset)}
     if opts.gpu_types:
         fixed[GPU_TYPES_KEY] = ",".join(opts.gpu_types)
     if opts.smoke_test:
         fixed.update(_flat_values(presets.smoke_overrides(presets.preset_trial(preset, backbones[0]))))
+    fixed.update(opts.overrides)  # the user's --set wins over the sweep's and the smoke test's values
     search = spec.search
     if search is not None:
         search = replace(search, metric=opts.metric or search.metric,
@@ -256,7 +265,26 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
     metric = mode = None
     if search is not None:
         metric, mode = _check_metric(search.metric, search.mode, [cfg for _, cfg in trials])
-    return Plan(spec=spec, preset=preset, param_space=space, trials=trials, search=search, metric=metric, mode=mode)
+    return Plan(spec=spec, preset=preset, param_space=space, trials=trials, search=search, metric=metric, mode=mode,
+                overrides=dict(opts.overrides))
+
+
+def override_errors(spec: SweepSpec, overrides: typing.Mapping[str, str]) -> list[str]:
+    """Problems of ``--set`` overrides: a key that is not a config field or a value that does not convert
+    (``from_flat``), a grid dimension (they have their own flags: ``--seeds``, ``--backbones``, or the spec), a key the
+    spec's search samples. Ranges are checked with every trial's config in :func:`build_plan`."""
+    if not overrides:
+        return []
+    reserved = {"train.seed": "--seeds", "backbone.name": "--backbones", "task.name": "the sweep's tasks",
+                "recipe.name": "the sweep's recipes"}
+    errs = [f"{k} is a grid dimension (set it with {reserved[k]})" for k in overrides if k in reserved]
+    if spec.search is not None and not callable(spec.search.space):
+        errs += [f"{k} is searched by this sweep" for k in overrides if k in spec.search.space]
+    try:
+        from_flat({k: v for k, v in overrides.items() if k not in reserved})
+    except ValueError as e:
+        errs.append(str(e))
+    return errs
 
 
 def fixed_overrides(spec: SweepSpec, preset: str) -> dict[str, typing.Any]:

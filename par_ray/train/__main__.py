@@ -13,15 +13,18 @@ refused, naming the fields that differ, before anything is written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 
 from par_ray import presets
-from par_ray.config import from_flat, to_flat
+from par_ray.config import from_flat, parse_overrides, to_flat
 from par_ray.evaluation import Extrapolation, format_G
+from par_ray.model.registry import BACKBONES
 from par_ray.recipes import apply_recipe
 from par_ray.trial import validate
 
@@ -95,11 +98,7 @@ def config_from_args(args):
         flat["train.num_workers"] = args.workers
     if args.strategy is not None:
         flat["train.strategy"] = args.strategy
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set: expected SECTION.FIELD=VALUE, got {item!r}")
-        flat[key.strip()] = value.strip()
+    flat.update(parse_overrides(args.set))
     return validate(from_flat(flat, base=cfg))
 
 
@@ -127,12 +126,26 @@ def check_out_dir(out: str, flat: dict) -> None:
 
 
 def _failure_reason(error: BaseException) -> str:
-    """The workers' own error messages inside Ray Train's ``TrainingFailedError`` (or the error itself)."""
+    """The workers' own error messages inside Ray Train's ``TrainingFailedError`` (or the error itself), one line
+    each, without Ray's tracebacks."""
+    from par_ray.train.trainer import root_causes  # noqa: PLC0415 - imports Ray
+
     failures = getattr(error, "worker_failures", None)
     if failures:
-        return "; ".join(f"rank {rank}: {type(e).__name__}: {e}" for rank, e in sorted(failures.items()))
+        return "; ".join(f"rank {rank}: {type(c).__name__}: {_one_line(c)}" for rank, e in sorted(failures.items())
+                         for c in root_causes(e))
     cause = error.__cause__ or error.__context__
-    return f"{type(error).__name__}: {error}" + (f" (cause: {type(cause).__name__}: {cause})" if cause else "")
+    return f"{type(error).__name__}: {_one_line(error)}" + (
+        f" (cause: {type(cause).__name__}: {_one_line(cause)})" if cause else "")
+
+
+def _one_line(error: BaseException, limit: int = 2000) -> str:
+    return " ".join(str(error).split())[:limit]
+
+
+def _has_ray_checkpoints(storage: str, name: str) -> bool:
+    """Whether Ray Train storage ``storage`` holds checkpoints of run ``name`` (its checkpoint manager's snapshot)."""
+    return os.path.isfile(os.path.join(storage, name, "checkpoint_manager_snapshot.json"))
 
 
 def main(argv=None) -> int:
@@ -144,9 +157,15 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    import ray.train  # noqa: PLC0415 - heavy imports after validation
+    spec = BACKBONES[cfg.backbone.name]
+    if spec.hub_name is not None and not cfg.backbone.pretrained:
+        print(f"note: --backbone {cfg.backbone.name} without --pretrained: its weights are random (the {spec.hub_name} "
+              f"shape trained from scratch); pass --pretrained with the model folder for the parent's weights",
+              flush=True)
+    import ray.exceptions  # noqa: PLC0415 - heavy imports after validation
+    import ray.train  # noqa: PLC0415
 
-    from par_ray.train.trainer import build_trainer, run_name
+    from par_ray.train.trainer import build_trainer, local_ray, repair_run_storage, run_name
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # local mode logs every report at INFO
 
@@ -154,12 +173,34 @@ def main(argv=None) -> int:
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(to_flat(cfg), f, indent=2)
     t0 = time.time()
+    storage, name = os.path.join(out, "ray"), run_name(cfg)
+    # One worker runs in this process (Ray Train's local mode), which keeps no checkpoints; a run that left Ray
+    # checkpoints in OUT (started on more workers) continues on one Ray worker instead, from its latest checkpoint.
+    for note in repair_run_storage(storage, name):
+        print(f"resume: {note}", flush=True)
+    local = cfg.train.num_workers == 1 and not _has_ray_checkpoints(storage, name)
+    if cfg.train.num_workers == 1 and not local:
+        print(f"resuming the run in {out} from its latest checkpoint on 1 Ray worker", flush=True)
+    # The export is written beside final/ and swapped in when training ends: a run on fewer workers never leaves
+    # another run's shard in final/, and a failed run leaves the previous export whole.
+    final, partial = os.path.join(out, "final"), os.path.join(out, "final.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    # Ray workers print through Train V2's print patch, which echoes each progress line a second time; Ray Train's
+    # INFO lines (every report and checkpoint) stay in its log files (LoggingConfig), as in a sweep.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    ray_instance = contextlib.nullcontext() if local or ray.is_initialized() or os.environ.get("RAY_ADDRESS") \
+        else local_ray(num_cpus=None, logging_level="WARNING")
     try:
-        result = build_trainer(cfg, run_name(cfg), storage_path=os.path.join(out, "ray"),
-                               local=cfg.train.num_workers == 1, export_dir=os.path.join(out, "final")).fit()
-    except (ray.train.TrainingFailedError, FloatingPointError, ValueError, RuntimeError) as e:
+        with ray_instance:
+            result = build_trainer(cfg, name, storage_path=storage, local=local, export_dir=partial,
+                                   log_level="WARNING").fit()
+    except (ray.train.TrainingFailedError, ray.exceptions.RayError, FloatingPointError, ValueError, RuntimeError,
+            OSError, ImportError) as e:
         print(f"error: training failed: {_failure_reason(e)}", file=sys.stderr)
         return 1
+    if os.path.isdir(partial):
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
     m = result.metrics
     acc = {d: m[f"acc_d{d}"] for d in cfg.eval.depths}
     ex = Extrapolation(d50=int(m["d50"]) if "d50" in m else None, G=m["G"], censored=bool(m["G_censored"]),

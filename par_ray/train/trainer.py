@@ -17,10 +17,17 @@ import ray
 import ray.train
 from ray.train import UserCallback
 from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
 
 from par_ray.config import TrialConfig, to_flat
-from par_ray.train.loop import RESUME_FREE_FIELDS, train_loop_per_worker
+from par_ray.train.loop import RESUME_FREE_FIELDS, LockstepError, NonFiniteLossError, train_loop_per_worker
 from par_ray.trial import validate
+
+NOT_RETRYABLE = (NonFiniteLossError, LockstepError, ValueError)
+"""Errors a restart cannot fix: a diverged loss (the resumed run reaches the same step from the same checkpoint),
+ranks out of lockstep (the schedule is a function of the code) and bad config (``ValueError``, e.g. a checkpoint
+written under another config). A trial that raises one fails at once, whatever ``FailureConfig`` allows; a lost
+worker or node (``RayActorError``, a collective timeout, an ``OSError``) is retried."""
 
 
 @contextlib.contextmanager
@@ -111,6 +118,135 @@ class OncePerStep(UserCallback):
             cb.after_exception(run_context, worker_exceptions)
 
 
+def root_causes(error: BaseException) -> list[BaseException]:
+    """The user exceptions inside a Ray error: a ``RayTaskError``'s cause, a Train ``WorkerGroupError``'s per-rank
+    failures (rank order), a ``ControllerError``'s failure, Train's ``UserExceptionWithTraceback`` wrapper's
+    exception; ``[error]`` when it wraps nothing."""
+    from ray.exceptions import RayTaskError
+    from ray.train import ControllerError, WorkerGroupError
+
+    if isinstance(error, RayTaskError) and error.cause is not None and error.cause is not error:
+        return root_causes(error.cause)
+    if isinstance(error, WorkerGroupError) and error.worker_failures:
+        return [c for _, e in sorted(error.worker_failures.items()) for c in root_causes(e)]
+    if isinstance(error, ControllerError) and error.controller_failure is not None:
+        return root_causes(error.controller_failure)
+    inner = getattr(error, "_base_exc", None)  # ray.train.v2 UserExceptionWithTraceback
+    if isinstance(inner, BaseException):
+        return root_causes(inner)
+    return [error]
+
+
+def is_retryable(error: BaseException) -> bool:
+    """Whether a restart can fix ``error``: False when any of its :func:`root_causes` is :data:`NOT_RETRYABLE`."""
+    return not any(isinstance(c, NOT_RETRYABLE) for c in root_causes(error))
+
+
+class FailFastPolicy(DefaultFailurePolicy):
+    """Ray Train's default failure policy (``FailureConfig.max_failures`` worker-group restarts from the latest
+    checkpoint), except that a worker-group failure that is not :func:`is_retryable` raises at once
+    (``FailureDecision.RAISE``): one attempt, not ``max_failures + 1`` that each resume and fail the same way.
+
+    Ray 2.60 has no public setting for this: ``FailureConfig.fail_fast`` is gone from Train V2, and its
+    ``FailurePolicy`` interface (``ray.train.v2._internal.execution.failure_handling``) is what the controller asks.
+    """
+
+    def make_decision(self, training_failed_error):
+        from ray.train import WorkerGroupError
+
+        if isinstance(training_failed_error, WorkerGroupError) and not is_retryable(training_failed_error):
+            return FailureDecision.RAISE
+        return super().make_decision(training_failed_error)
+
+
+class Trainer(TorchTrainer):
+    """``TorchTrainer`` whose controller decides on failures with :class:`FailFastPolicy`."""
+
+    def _initialize_and_run_controller(self, **controller_init_kwargs):
+        controller_init_kwargs["failure_policy"] = FailFastPolicy(self.run_config.failure_config)
+        return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+
+SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
+"""Ray Train V2's record of a run's checkpoints (``<storage>/<run name>/``), read when a run of that name starts."""
+
+
+def repair_run_storage(storage_path: str, name: str) -> list[str]:
+    """Make the stored checkpoints of run ``name`` loadable again after a write was cut short (a full disk, a killed
+    node), so that the run resumes from its last complete checkpoint; returns one line per repair (empty: none).
+
+    A checkpoint folder is complete when its ``extra.json`` (written last, atomically) holds the step and its report,
+    and none of its files is empty. Incomplete folders are removed. Ray Train's snapshot (:data:`SNAPSHOT_FILE`) is
+    rewritten from the complete checkpoints, in step order and with their reports, when it does not parse (ENOSPC
+    truncates it to 0 bytes and every later start raises ``CheckpointManagerInitializationError``) or names a
+    checkpoint that is not complete; with no complete checkpoint left it is removed (the run starts afresh).
+    Local paths and storage URIs alike (pyarrow, as Ray's storage).
+    """
+    import pyarrow.fs
+
+    fs, run_dir = pyarrow.fs.FileSystem.from_uri(f"{storage_path.rstrip('/')}/{name}")
+    if fs.get_file_info(run_dir).type != pyarrow.fs.FileType.Directory:
+        return []
+    notes, complete = [], {}
+    for info in sorted(fs.get_file_info(pyarrow.fs.FileSelector(run_dir)), key=lambda i: i.path):
+        if info.type != pyarrow.fs.FileType.Directory or not info.base_name.startswith("checkpoint_"):
+            continue
+        extra = _complete_checkpoint(fs, info.path)
+        if extra is None:
+            fs.delete_dir(info.path)
+            notes.append(f"removed incomplete checkpoint {info.base_name} (empty or missing files)")
+        else:
+            complete[info.base_name] = extra
+    snapshot_path = f"{run_dir}/{SNAPSHOT_FILE}"
+    if fs.get_file_info(snapshot_path).type != pyarrow.fs.FileType.File:
+        return notes
+    with fs.open_input_stream(snapshot_path) as f:
+        text = f.read().decode(errors="replace")
+    try:
+        listed = [r["checkpoint_dir_name"] for r in json.loads(text)["checkpoint_results"]]
+        if all(n in complete for n in listed):
+            return notes
+        why = "named an incomplete checkpoint"
+    except (ValueError, KeyError, TypeError):
+        why = f"was unreadable ({len(text)} bytes)"
+    if not complete:
+        fs.delete_file(snapshot_path)
+        return notes + [f"Ray Train's {SNAPSHOT_FILE} {why} and no complete checkpoint is left: starting afresh"]
+    order = sorted(complete, key=lambda n: complete[n]["step"])
+    results = [{"version": 0, "checkpoint_dir_name": n, "metrics": complete[n]["report"]} for n in order]
+    snapshot = {"ray_version": ray.__version__, "checkpoint_results": results,
+                "checkpoint_report_indices": list(range(len(results))), "latest_checkpoint_result": results[-1],
+                "pending_training_results": [], "pending_validation_specs": [], "current_report_index": len(results),
+                "validated_checkpoint_dir_names": [], "timed_out_validation_checkpoint_dir_names": [],
+                "failed_validation_checkpoint_dir_names": []}
+    tmp = f"{snapshot_path}.tmp"
+    with fs.open_output_stream(tmp) as f:
+        f.write(json.dumps(snapshot).encode())
+    fs.move(tmp, snapshot_path)
+    return notes + [f"Ray Train's {SNAPSHOT_FILE} {why}: rebuilt from the {len(results)} complete checkpoint(s); "
+                    f"resuming from step {complete[order[-1]]['step']} ({order[-1]})"]
+
+
+def _complete_checkpoint(fs, directory: str) -> dict | None:
+    """The ``extra.json`` of a complete checkpoint folder (``step`` and ``report`` present, no empty file), else
+    ``None``."""
+    import pyarrow.fs
+
+    files = [i for i in fs.get_file_info(pyarrow.fs.FileSelector(directory, recursive=True))
+             if i.type == pyarrow.fs.FileType.File]
+    if not files or any(i.size == 0 for i in files):
+        return None
+    extra_path = f"{directory}/extra.json"
+    if not any(i.path == extra_path for i in files):
+        return None
+    try:
+        with fs.open_input_stream(extra_path) as f:
+            extra = json.loads(f.read().decode())
+    except ValueError:
+        return None
+    return extra if isinstance(extra, dict) and "step" in extra and "report" in extra else None
+
+
 def config_hash(cfg: TrialConfig) -> str:
     """8 hex digits of a SHA-256 over the flat config, less ``RESUME_FREE_FIELDS`` (placement, fault injection)."""
     flat = {k: str(v) for k, v in to_flat(cfg).items() if k not in RESUME_FREE_FIELDS}
@@ -167,7 +303,8 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
             from its latest checkpoint, on any number of workers for ddp and fsdp.
         storage_path: local directory or ``s3://`` / ``gs://`` URI for checkpoints and results.
         local: run in Ray Train's local mode (this process, one worker), regardless of ``train.num_workers``.
-        max_failures: worker-group restarts from the latest checkpoint (``FailureConfig``).
+        max_failures: worker-group restarts from the latest checkpoint (``FailureConfig``); an error no restart can
+            fix (:data:`NOT_RETRYABLE`) fails at once (:class:`FailFastPolicy`).
         callbacks: Ray Train ``UserCallback``s (run on the controller); each sees every step's report once
             (:class:`OncePerStep`), also after a worker-group restart.
         export_dir: also write the final model/optimizer state there (local mode keeps no checkpoint files).
@@ -190,7 +327,7 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
         # every worker on a node of this GPU type (Ray adds an "accelerator_type:<type>" resource to each bundle)
         accelerator_type=tc.accelerator_type or None,
     )
-    return TorchTrainer(
+    return Trainer(
         train_loop_per_worker,
         train_loop_config={"trial": cfg, "export_dir": export_dir},
         torch_config=torch_config(cfg),

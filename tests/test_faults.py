@@ -1,0 +1,248 @@
+"""Faults without a cluster: which errors Train retries, a failed trial's reason on its MLflow run and in the analysis,
+the sweep's ``--set`` (applied, recorded, validated, checked by ``--resume``), SIGTERM closing the runs as Ctrl-C.
+
+The same mechanisms end to end on a local Ray cluster: ``tests/test_faults_ray.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from par_ray import presets, sweep, tracking
+from par_ray.sweep import Options, SweepConfigError, SweepSpec
+
+
+def _cfg(seed=0):
+    return presets.local_trial("tiny-qwen2", "swap_s5", seed)
+
+
+def _worker_group_error(*errors):
+    from ray.train import WorkerGroupError
+    from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+
+    return WorkerGroupError("x", {rank: UserExceptionWithTraceback(e, "traceback") for rank, e in enumerate(errors)})
+
+
+def test_train_raises_errors_a_restart_cannot_fix_at_once_and_retries_lost_workers():
+    import ray.train
+    from ray.exceptions import RayActorError
+    from ray.train import WorkerGroupError
+    from ray.train.v2._internal.execution.failure_handling import FailureDecision
+
+    from par_ray.train.loop import LockstepError, NonFiniteLossError
+    from par_ray.train.trainer import FailFastPolicy, build_trainer
+
+    def policy():  # the sweep's own Train setting
+        return FailFastPolicy(ray.train.FailureConfig(max_failures=sweep.TRAIN_MAX_FAILURES))
+
+    for error in (NonFiniteLossError("training diverged at step 2: loss nan"), LockstepError("ranks disagree"),
+                  ValueError("the checkpoint to resume was written under another config")):
+        assert policy().make_decision(_worker_group_error(error)) == FailureDecision.RAISE, error
+    # rank 0 diverges, rank 1 sees its collective aborted: still not worth a restart
+    both = _worker_group_error(NonFiniteLossError("nan"), RuntimeError("Connection closed by peer"))
+    assert policy().make_decision(both) == FailureDecision.RAISE
+    lost = policy()
+    worker_lost = WorkerGroupError("x", {0: RayActorError()})
+    assert [lost.make_decision(worker_lost) for _ in range(sweep.TRAIN_MAX_FAILURES + 1)] == [
+        FailureDecision.RETRY] * sweep.TRAIN_MAX_FAILURES + [FailureDecision.RAISE]
+    assert type(build_trainer(_cfg(), "x", storage_path="/tmp/x")).__name__ == "Trainer"
+
+
+def test_failure_reason_is_the_user_error_inside_rays_wrappers():
+    from ray.exceptions import RayTaskError
+
+    from par_ray.sweep.run import NotRetryableError, failure_reason
+    from par_ray.train.loop import NonFiniteLossError
+
+    inner = _worker_group_error(RuntimeError("collective aborted"), NonFiniteLossError("training diverged at step 2"))
+    wrapped = RayTaskError("_trial_driver", "traceback", inner)
+    assert failure_reason(wrapped) == ("NonFiniteLossError", "training diverged at step 2")
+    assert failure_reason(_worker_group_error(OSError(28, "No space left on device"))) == (
+        "OSError", "[Errno 28] No space left on device")
+    again = RayTaskError("_trial_driver", "traceback", NotRetryableError("NonFiniteLossError", "diverged"))
+    assert failure_reason(again) == ("NonFiniteLossError", "diverged")
+
+
+def test_a_failed_trials_run_records_its_reason_and_the_analysis_shows_it(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from analysis.load import load_sweep
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    t = tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri)
+    ok, bad = t.start_trial("ok", _cfg(0)), t.start_trial("bad", _cfg(1))
+    t.finish_trial("ok", _cfg(0), {"step": 4}, "FINISHED")
+    message = "training diverged at step 2: loss nan (gradient norm nan); lower train.lr or raise train.warmup_steps"
+    t.finish_trial("bad", _cfg(1), {"step": 1}, "FAILED", error=("NonFiniteLossError", message))
+    client = MlflowClient(uri)
+    run = client.get_run(bad)
+    assert run.info.status == "FAILED"
+    assert run.data.tags[tracking.TAG_ERROR] == f"NonFiniteLossError: {message}"
+    assert tracking.TAG_ERROR not in client.get_run(ok).data.tags
+    assert tracking.ARTIFACT_ERROR in {a.path for a in client.list_artifacts(bad)}
+    text = open(client.download_artifacts(bad, tracking.ARTIFACT_ERROR, str(tmp_path))).read()
+    assert text == f"NonFiniteLossError: {message}\n"
+
+    trials = load_sweep("par_ray/demo", t.parent_run_id, uri).trials
+    errors = dict(zip(trials["run_id"], trials["error"]))
+    assert errors == {ok: None, bad: f"NonFiniteLossError: {message}"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# --set
+
+def test_sweep_set_applies_to_every_trial_after_the_sweeps_and_smoke_values():
+    opts = sweep.parse_args(SweepSpec(name="x"), ["--set", "train.lr=3e-4", "--set", "train.steps=6",
+                                                  "--smoke-test", "--seeds", "0,1"])
+    assert opts.overrides == {"train.lr": "3e-4", "train.steps": "6"}
+    plan = sweep.build_plan(SweepSpec(name="x", overrides={"train.lr": 1e-3}), opts, "local")
+    assert len(plan.trials) == 4
+    assert {(cfg.train.lr, cfg.train.steps) for _, cfg in plan.trials} == {(3e-4, 6)}
+
+
+@pytest.mark.parametrize("item,words", [
+    ("train.lrr=1", "train.lrr: unknown config field"),
+    ("train.lr=fast", "train.lr"),
+    ("train.seed=3", "train.seed is a grid dimension (set it with --seeds)"),
+    ("backbone.name=tiny-qwen3", "backbone.name is a grid dimension (set it with --backbones)"),
+    ("train.batch_size=0", "train.batch_size"),
+])
+def test_sweep_set_is_validated_before_ray_starts(item, words, tmp_path, capsys):
+    import ray
+
+    assert sweep.main(SweepSpec(name="x"), ["--preset", "local", "--storage", str(tmp_path), "--set", item]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and "Traceback" not in err
+    assert not ray.is_initialized() and not (tmp_path / "tune").exists()
+
+
+def test_sweep_set_without_equals_is_a_flag_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        sweep.parse_args(SweepSpec(name="x"), ["--set", "train.lr"])
+    assert e.value.code == 2 and "--set: expected SECTION.FIELD=VALUE, got 'train.lr'" in capsys.readouterr().err
+
+
+def test_sweep_set_is_recorded_in_the_parent_run_and_resume_must_repeat_it(tmp_path, monkeypatch, capsys):
+    from par_ray.sweep.run import _sweep_params
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    spec = SweepSpec(name="x")
+    opts = Options(preset="local", storage=str(tmp_path), overrides={"train.lr": "3e-4"})
+    plan = sweep.build_plan(spec, opts, "local")
+    params = _sweep_params(plan, opts)
+    assert params["set"] == "train.lr=3e-4"
+    # a started sweep: its Tune state and its parent run with the --set it was started with
+    exp_path = f"{tmp_path}/tune/x"
+    os.makedirs(exp_path)
+    open(f"{exp_path}/tuner.pkl", "wb").close()
+    tracking.SweepTracker.open("x", exp_path, f"sqlite:///{tmp_path}/mlflow.db", params=params).finish("KILLED")
+    with pytest.raises(SweepConfigError, match=r"--set: the sweep at .* was started with --set train.lr=3e-4; "
+                                               r"--resume must repeat them \(got \(none\)\)"):
+        sweep.run_sweep(spec, Options(preset="local", storage=str(tmp_path), resume=True))
+    with pytest.raises(SweepConfigError, match=r"got train.lr=1e-3"):
+        sweep.run_sweep(spec, Options(preset="local", storage=str(tmp_path), resume=True,
+                                      overrides={"train.lr": "1e-3"}))
+    assert sweep.main(spec, ["--preset", "local", "--storage", str(tmp_path), "--resume"]) == 2
+    assert "error: --set: the sweep" in capsys.readouterr().err
+
+
+def test_dry_run_shows_the_set_overrides(capsys):
+    assert sweep.main(SweepSpec(name="x"), ["--preset", "local", "--dry-run", "--set", "train.lr=3e-4"]) == 0
+    assert "every trial: " in (out := capsys.readouterr().out) and "train.lr=3e-4" in out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SIGTERM
+
+def test_sigterm_closes_every_open_run_then_stops_tune_as_ctrl_c(tmp_path):
+    from par_ray.sweep.run import _sigterm_as_ctrl_c
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    t = tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri)
+    done, running = t.start_trial("a", _cfg(0)), t.start_trial("b", _cfg(1))
+    t.finish_trial("a", _cfg(0), {"step": 4}, "FINISHED")
+    stopped = []
+    previous_int = signal.signal(signal.SIGINT, lambda signum, frame: stopped.append(signum))  # Tune's handler
+    try:
+        before = signal.getsignal(signal.SIGTERM)
+        with _sigterm_as_ctrl_c(t):
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        signal.signal(signal.SIGINT, previous_int)
+    assert stopped == [signal.SIGINT]
+    status = {r: t.client.get_run(r).info.status for r in (done, running, t.parent_run_id)}
+    assert status == {done: "FINISHED", running: "KILLED", t.parent_run_id: "KILLED"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A full disk: Train's snapshot and checkpoints cut short
+
+def _checkpoint(run, name, step, extra=True, state=b"weights"):
+    import json
+
+    d = run / name
+    d.mkdir(parents=True)
+    (d / "state.pt").write_bytes(state)
+    if extra:
+        (d / "extra.json").write_text(json.dumps({"step": step, "report": {"step": step, "loss": 1.0 / step}}))
+    return d
+
+
+def test_a_truncated_snapshot_and_empty_checkpoint_files_fall_back_to_the_last_complete_checkpoint(tmp_path):
+    import json
+
+    import ray
+    from ray.train.v2._internal.execution.checkpoint.checkpoint_manager import _CheckpointManagerState
+
+    from par_ray.train.trainer import SNAPSHOT_FILE, repair_run_storage
+
+    run = tmp_path / "trial_x"
+    _checkpoint(run, "checkpoint_a", 2)
+    _checkpoint(run, "checkpoint_b", 4)
+    _checkpoint(run, "checkpoint_c", 6, state=b"")  # ENOSPC: a 0-byte state.pt
+    _checkpoint(run, "checkpoint_d", 8, extra=False)  # cut before extra.json
+    (run / SNAPSHOT_FILE).write_bytes(b"")  # ENOSPC truncated Ray Train's snapshot
+    notes = repair_run_storage(str(tmp_path), "trial_x")
+    assert sorted(p.name for p in run.glob("checkpoint_*")) == ["checkpoint_a", "checkpoint_b"]
+    assert any("removed incomplete checkpoint checkpoint_c" in n for n in notes)
+    assert notes[-1].startswith(f"Ray Train's {SNAPSHOT_FILE} was unreadable (0 bytes): rebuilt from the 2 complete "
+                                f"checkpoint(s); resuming from step 4 (checkpoint_b)")
+    state = _CheckpointManagerState.parse_obj(json.loads((run / SNAPSHOT_FILE).read_text()))  # Ray reads it
+    assert state.latest_checkpoint_result.checkpoint_dir_name == "checkpoint_b"
+    assert state.latest_checkpoint_result.metrics == {"step": 4, "loss": 0.25}
+    assert json.loads((run / SNAPSHOT_FILE).read_text())["ray_version"] == ray.__version__
+    assert repair_run_storage(str(tmp_path), "trial_x") == []  # whole again: nothing to do
+    assert repair_run_storage(str(tmp_path), "no_such_run") == []
+
+
+def test_a_checkpointed_report_tune_never_handed_over_is_logged_once_on_resume(tmp_path):
+    """The window between Train registering a checkpoint and Tune's MLflow callback getting its report, made
+    deterministic: the run's history stops at step 2 while the trial's Train folder holds checkpoints of steps 2
+    and 4 (a sweep stopped in that window). The resumed trial's start logs step 4 from its checkpoint, once."""
+    from types import SimpleNamespace
+
+    from par_ray.sweep.run import _make_callback
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri)
+    cfg = _cfg(0)
+    params = {"preset": "local", "recipe": "par", "backbone.name": "tiny-qwen2", "task.name": "swap_s5",
+              "train.seed": 0}
+    trial = SimpleNamespace(trial_id="t0", config=params)
+    run_id = tracker.start_trial("t0", cfg)
+    tracker.log_metrics("t0", {"step": 2, "loss": 0.5}, 2)
+    tracker.close_open_trials("KILLED")
+    _checkpoint(tmp_path / "train" / "trial_t0", "checkpoint_a", 2)
+    _checkpoint(tmp_path / "train" / "trial_t0", "checkpoint_b", 4)
+
+    restored = tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri)  # a new sweep driver: --resume
+    callback = _make_callback(restored, {}, str(tmp_path / "train"))
+    callback.on_trial_start(0, [trial], trial)
+    callback.on_trial_start(0, [trial], trial)  # a Tune retry of the same trial: nothing twice
+    history = restored.client.get_metric_history(run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(2, 0.5), (4, 0.25)]
+    assert restored.client.get_run(run_id).info.status == "RUNNING"
