@@ -207,7 +207,7 @@ def test_a_truncated_snapshot_and_empty_checkpoint_files_fall_back_to_the_last_c
     _checkpoint(run, "checkpoint_d", 8, extra=False)  # cut before extra.json
     (run / SNAPSHOT_FILE).write_bytes(b"")  # ENOSPC truncated Ray Train's snapshot
     notes = repair_run_storage(str(tmp_path), "trial_x")
-    assert sorted(p.name for p in run.glob("checkpoint_*")) == ["checkpoint_a", "checkpoint_b"]
+    assert sorted(p.name for p in run.glob("checkpoint_*") if p.is_dir()) == ["checkpoint_a", "checkpoint_b"]
     assert any("removed incomplete checkpoint checkpoint_c" in n for n in notes)
     assert notes[-1].startswith(f"Ray Train's {SNAPSHOT_FILE} was unreadable (0 bytes): rebuilt from the 2 complete "
                                 f"checkpoint(s); resuming from step 4 (checkpoint_b)")

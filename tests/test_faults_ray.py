@@ -122,36 +122,29 @@ LONG_SWEEP = textwrap.dedent('''
 ''')
 
 
-def _runs(uri: str, sweep: str) -> list:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(tracking.experiment_name(sweep))
-    return client.search_runs([exp.experiment_id]) if exp else []
-
-
 def test_sigterm_to_a_sweep_driver_closes_every_run_and_resume_completes(tmp_path, sweep_runs):
     script = tmp_path / "sigterm_demo.py"
     script.write_text(LONG_SWEEP)
     storage = tmp_path / "storage"
     uri = f"sqlite:///{storage}/mlflow.db"
     flags = ["--preset", "local", "--smoke-test", "--set", "train.steps=24", "--storage", str(storage)]
-    proc = subprocess.Popen([sys.executable, str(script), *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT, env=_env())
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:  # wait until the trial is mid-training
-            trials = [r for r in _runs(uri, "sigterm_demo") if r.data.tags.get("par_ray.role") == "trial"] \
-                if (storage / "mlflow.db").exists() else []
-            if any(r.info.status == "RUNNING" and r.data.metrics.get("step", 0) >= 2 for r in trials):
-                break
-            time.sleep(1)
-        assert proc.poll() is None, "the sweep ended before it could be stopped"
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    out_file, err_file = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out_file, "w") as out_f, open(err_file, "w") as err_f:
+        proc = subprocess.Popen([sys.executable, str(script), *flags], stdout=out_f, stderr=err_f, text=True,
+                                cwd=ROOT, env=_env())
+        try:
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and proc.poll() is None:  # until the trial has reported step 2
+                if "step      2/24" in out_file.read_text():
+                    break
+                time.sleep(0.5)
+            assert proc.poll() is None, "the sweep ended before it could be stopped"
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out, err = out_file.read_text(), err_file.read_text()
     print(out[-4000:], err[-4000:], sep="\n----- stderr -----\n")
     assert "SIGTERM received: stopping the sweep as Ctrl-C does" in err
     assert "--resume" in err and "trials: 1 unfinished" in out
@@ -203,7 +196,8 @@ def test_a_head_started_with_its_own_temp_dir_is_joined_and_named(tmp_path, monk
     temp_dir = Path(f"/tmp/rt{os.getpid()}")  # short: Ray's socket paths must stay under 108 characters
     port = tracking.free_port()
     ray_bin = str(Path(sys.executable).with_name("ray"))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "RAY_AUTH_MODE": "disabled"}
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     started = subprocess.run([ray_bin, "start", "--head", "--temp-dir", str(temp_dir), "--port", str(port),
                               "--num-cpus", "1", "--include-dashboard", "false"], capture_output=True, text=True,
                              timeout=300, env=env)

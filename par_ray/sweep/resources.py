@@ -228,7 +228,10 @@ def connect():
     try:
         context = ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True,
                            runtime_env=runtime_env, **local)
-    except ray.exceptions.AuthenticationError:
+    except (ray.exceptions.AuthenticationError, RuntimeError) as e:
+        # Ray 2.60 raises "Failed to connect to GCS" (RuntimeError) around the AuthenticationError
+        if not isinstance(e, ray.exceptions.AuthenticationError) and "AuthenticationError" not in str(e):
+            raise
         raise SweepConfigError(f"Ray: the cluster at {address} requires token authentication and no token was found; "
                                f"set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token") from None
     if address == "local":

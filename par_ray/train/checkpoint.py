@@ -57,10 +57,22 @@ RESULT_FILE = "result.json"
 
 
 def write_extra(directory: str, extra: dict, rank: int) -> None:
-    """Rank 0 writes the loop's bookkeeping (``extra``, JSON) beside the strategy's state."""
+    """Rank 0 writes the loop's bookkeeping (``extra``, JSON) beside the strategy's state: last and atomically (a
+    temporary file, then a rename), so a checkpoint folder with an ``extra.json`` is complete (a full disk or a
+    killed worker leaves none; ``par_ray.train.trainer.repair_run_storage`` relies on it)."""
     if rank == 0:
-        with open(os.path.join(directory, EXTRA_FILE), "w") as f:
+        path = os.path.join(directory, EXTRA_FILE)
+        with open(path + ".tmp", "w") as f:
             json.dump(extra, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+
+
+def save_atomic(obj, path: str) -> None:
+    """``torch.save`` to a temporary file, then a rename: ``path`` is whole or absent, never cut short."""
+    torch.save(obj, path + ".tmp")
+    os.replace(path + ".tmp", path)
 
 
 def read_extra(directory: str) -> dict:
@@ -89,7 +101,7 @@ def save_full_state(engine, directory: str, extra: dict) -> None:
                  "scheduler": engine.scheduler.state_dict()}
         if engine.ema is not None:
             state["ema"] = engine.ema.state_dict()
-        torch.save(state, os.path.join(directory, STATE_FILE))
+        save_atomic(state, os.path.join(directory, STATE_FILE))
     write_extra(directory, extra, engine.world.rank)
 
 
@@ -127,7 +139,7 @@ def save_dcp(engine, directory: str, extra: dict) -> None:
         state["ema"] = get_model_state_dict(engine.ema)
     dcp.save(state, checkpoint_id=directory)
     if engine.world.rank == 0:
-        torch.save(engine.scheduler.state_dict(), os.path.join(directory, SCHEDULER_FILE))
+        save_atomic(engine.scheduler.state_dict(), os.path.join(directory, SCHEDULER_FILE))
     write_extra(directory, extra, engine.world.rank)
 
 
@@ -171,7 +183,7 @@ def save_zero(engine, directory: str, extra: dict) -> None:
     full copy, ``ema.pt``. ``engine.model``: the ``deepspeed.DeepSpeedEngine``."""
     engine.model.save_checkpoint(directory, tag=DEEPSPEED_TAG)
     if engine.ema is not None and engine.world.rank == 0:
-        torch.save(engine.ema.state_dict(), os.path.join(directory, EMA_FILE))
+        save_atomic(engine.ema.state_dict(), os.path.join(directory, EMA_FILE))
     write_extra(directory, extra, engine.world.rank)
 
 

@@ -175,8 +175,8 @@ def repair_run_storage(storage_path: str, name: str) -> list[str]:
     """Make the stored checkpoints of run ``name`` loadable again after a write was cut short (a full disk, a killed
     node), so that the run resumes from its last complete checkpoint; returns one line per repair (empty: none).
 
-    A checkpoint folder is complete when its ``extra.json`` (written last, atomically) holds the step and its report,
-    and none of its files is empty. Incomplete folders are removed. Ray Train's snapshot (:data:`SNAPSHOT_FILE`) is
+    A checkpoint folder is complete when its ``extra.json`` (written last, atomically) holds the step, and none of its
+    files is empty. Incomplete folders are removed. Ray Train's snapshot (:data:`SNAPSHOT_FILE`) is
     rewritten from the complete checkpoints, in step order and with their reports, when it does not parse (ENOSPC
     truncates it to 0 bytes and every later start raises ``CheckpointManagerInitializationError``) or names a
     checkpoint that is not complete; with no complete checkpoint left it is removed (the run starts afresh).
@@ -213,7 +213,8 @@ def repair_run_storage(storage_path: str, name: str) -> list[str]:
         fs.delete_file(snapshot_path)
         return notes + [f"Ray Train's {SNAPSHOT_FILE} {why} and no complete checkpoint is left: starting afresh"]
     order = sorted(complete, key=lambda n: complete[n]["step"])
-    results = [{"version": 0, "checkpoint_dir_name": n, "metrics": complete[n]["report"]} for n in order]
+    results = [{"version": 0, "checkpoint_dir_name": n,
+                "metrics": complete[n].get("report") or {"step": complete[n]["step"]}} for n in order]
     snapshot = {"ray_version": ray.__version__, "checkpoint_results": results,
                 "checkpoint_report_indices": list(range(len(results))), "latest_checkpoint_result": results[-1],
                 "pending_training_results": [], "pending_validation_specs": [], "current_report_index": len(results),
@@ -244,7 +245,7 @@ def _complete_checkpoint(fs, directory: str) -> dict | None:
             extra = json.loads(f.read().decode())
     except ValueError:
         return None
-    return extra if isinstance(extra, dict) and "step" in extra and "report" in extra else None
+    return extra if isinstance(extra, dict) and "step" in extra else None
 
 
 def config_hash(cfg: TrialConfig) -> str:
