@@ -32,6 +32,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_in_use(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port`` (another MLflow UI, say)."""
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 @contextlib.contextmanager
 def local_server(backend_uri: str, artifacts_dir: str, port: int | None = None,
                  timeout_s: float = 180.0) -> typing.Iterator[str]:
@@ -41,6 +48,9 @@ def local_server(backend_uri: str, artifacts_dir: str, port: int | None = None,
     and 3.5 GB resident over 15 processes on the 2-core development machine; this measured 6 s and 0.55 GB over 2.
     Raises ``RuntimeError`` with the server's log tail if it does not answer ``/health`` within ``timeout_s``.
     """
+    if port and port_in_use(port):
+        # its /health would answer for another server's store
+        raise RuntimeError(f"port {port} on 127.0.0.1 is in use by another server; choose another port")
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -114,7 +124,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m par_ray.mlflow_ui
     # only this process), and SystemExit unwinds local_server's cleanup as KeyboardInterrupt does
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
-    with local_server(backend, artifacts, port=args.port) as url:
+    port = args.port
+    if port_in_use(port):
+        port = free_port()
+        print(f"port {args.port} is in use (another MLflow UI?); serving this store on port {port} instead",
+              flush=True)
+    with local_server(backend, artifacts, port=port) as url:
         from mlflow.tracking import MlflowClient
 
         exps = [e for e in MlflowClient(url).search_experiments() if e.name.startswith(EXPERIMENT_PREFIX)]

@@ -246,3 +246,30 @@ def test_a_checkpointed_report_tune_never_handed_over_is_logged_once_on_resume(t
     history = restored.client.get_metric_history(run_id, "loss")
     assert [(m.step, m.value) for m in history] == [(2, 0.5), (4, 0.25)]
     assert restored.client.get_run(run_id).info.status == "RUNNING"
+
+
+def test_the_ui_never_serves_another_servers_store_from_a_busy_port():
+    import socket
+
+    from par_ray import mlflow_ui
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert mlflow_ui.port_in_use(port)
+        with pytest.raises(RuntimeError, match=f"port {port} on 127.0.0.1 is in use"):
+            with mlflow_ui.local_server("sqlite:///unused.db", "/tmp/unused", port=port):
+                pass
+    assert not mlflow_ui.port_in_use(port)
+
+
+def test_an_oserror_reaching_the_sweep_driver_is_one_error_line(monkeypatch, capsys):
+    from par_ray.sweep import cli
+
+    def full_disk(spec, opts):
+        raise OSError(28, "No space left on device", "/runs/x/tune/x/experiment_state.json")
+
+    monkeypatch.setattr(cli, "run_sweep", full_disk)
+    assert cli.main(SweepSpec(name="x"), ["--preset", "local"]) == 1
+    assert capsys.readouterr().err == "error: No space left on device: /runs/x/tune/x/experiment_state.json\n"
