@@ -7,6 +7,12 @@
 # ~/.bashrc, which the launcher sources before each setup and start command. Idempotent: `ray up` reruns it
 # whenever the synced files or the setup commands change.
 #
+# Pretrained weights (the paper preset): trials never download. With PAR_RAY_MODEL_DIR set (a directory every node
+# sees at the same path: a shared file system, or the same local path on each node), this script downloads each
+# paper backbone once into PAR_RAY_MODEL_DIR/<hub id> with `hf download` (files already there are kept) and exports
+# PAR_RAY_MODEL_DIR, which the sweeps' --model-dir defaults to. PAR_RAY_MODELS narrows the list (space-separated hub
+# ids; default: every paper backbone, ~45 GB). A sweep checks every backbone resolves before it claims anything.
+#
 # usage: setup_node.sh                                  a worker node
 #        setup_node.sh --head STORAGE_URI [PACKAGE ...]  the head: also writes ~/.par_ray_env (PAR_RAY_STORAGE,
 #                                                        MLFLOW_TRACKING_URI) and installs PACKAGEs (cloud SDKs
@@ -33,6 +39,18 @@ uv="$(command -v uv || echo "${HOME}/.local/bin/uv")"
 add_line() { grep -qxF "$1" "${HOME}/.bashrc" 2>/dev/null || echo "$1" >> "${HOME}/.bashrc"; }
 add_line "source ${venv}/bin/activate"
 add_line "if [ -f ${HOME}/.par_ray_env ]; then source ${HOME}/.par_ray_env; fi"
+
+if [ -n "${PAR_RAY_MODEL_DIR:-}" ]; then
+    models="${PAR_RAY_MODELS:-$("${venv}/bin/python" -c 'from par_ray.model.registry import BACKBONES
+from par_ray.presets import PAPER_BACKBONES
+print(" ".join(BACKBONES[b].hub_name for b in PAPER_BACKBONES))')}"
+    for id in ${models}; do
+        "${venv}/bin/hf" download "${id}" \
+            --local-dir "${PAR_RAY_MODEL_DIR}/${id}" --include '*.json' --include '*.safetensors' --include merges.txt \
+            --include vocab.json
+    done
+    add_line "export PAR_RAY_MODEL_DIR=$(printf %q "${PAR_RAY_MODEL_DIR}")"
+fi
 
 # The Ray token arrives through file_mounts from the laptop's ~/.ray/auth_token; keep it private to this user.
 if [ -f "${HOME}/.ray/auth_token" ]; then chmod 600 "${HOME}/.ray/auth_token"; fi

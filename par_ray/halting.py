@@ -52,21 +52,25 @@ def task_halt_tokens(task_vocab_size: int) -> HaltTokens:
 def tokenizer_halt_tokens(tokenizer) -> HaltTokens:
     """``" Yes"``, ``" No"`` and ``"?"`` of a pretrained tokenizer (anything with ``encode(text,
     add_special_tokens=False) -> list[int]``). ``ValueError`` when one of them is not a single token."""
-    ids = {text: tokenizer.encode(text, add_special_tokens=False) for text in ("?", " Yes", " No")}
+    ids = {text: tokenizer.encode(text, add_special_tokens=False) for text in HALT_WORDS}
     bad = {t: i for t, i in ids.items() if len(i) != 1}
     if bad:
         raise ValueError(f"backbone.pretrained: the tokenizer must encode each halting word as one token, got {bad}")
-    return HaltTokens(query=ids["?"][0], yes=ids[" Yes"][0], no=ids[" No"][0])
+    query, yes, no = (ids[w][0] for w in HALT_WORDS)
+    return HaltTokens(query=query, yes=yes, no=no)
 
 
-def halt_tokens(task, backbone_cfg) -> HaltTokens:
-    """The halting token ids of a trial: :func:`task_halt_tokens` for random-init backbones,
-    :func:`tokenizer_halt_tokens` of ``backbone_cfg.pretrained``'s tokenizer otherwise."""
-    if backbone_cfg.pretrained is None:
+HALT_WORDS = ("?", " Yes", " No")
+"""The halting query and its two answers as a pretrained parent's words (query, Yes, No)."""
+
+
+def halt_tokens(task, tokenizer=None) -> HaltTokens:
+    """The halting token ids of a trial: :func:`task_halt_tokens` for random-init backbones (``tokenizer=None``),
+    :func:`tokenizer_halt_tokens` of the parent's tokenizer otherwise (``par_ray.weights.parent_tokenizer``: loaded
+    offline from the checkpoint directory)."""
+    if tokenizer is None:
         return task_halt_tokens(task.vocab_size)
-    from transformers import AutoTokenizer
-
-    return tokenizer_halt_tokens(AutoTokenizer.from_pretrained(backbone_cfg.pretrained))
+    return tokenizer_halt_tokens(tokenizer)
 
 
 def with_halt_query(ep: Episode, query_id: int) -> Episode:

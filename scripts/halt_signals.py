@@ -55,7 +55,8 @@ def signals(run: str, depths: list[int], n: int) -> list[dict]:
     # halt_max_iterations 0: R_max = 2 × ⌈largest of these depths / c⌉, whatever the trial evaluated with
     eval_cfg = dataclasses.replace(cfg.eval, depths=tuple(depths), num_sequences=n, batch_size=n, halt_k=k0,
                                    halt_n=n0, halt_tau=tau0, halt_rules=tuple(extra), halt_max_iterations=0)
-    res = halting_by_depth(model, task, eval_cfg, c, halt_tokens(task, cfg.backbone), torch.device("cpu"),
+    # a dense-pending model is random-init: its halting tokens are the task's (no tokenizer)
+    res = halting_by_depth(model, task, eval_cfg, c, halt_tokens(task), torch.device("cpu"),
                            pending_id=pending_id)
     rows = []
     for d in depths:

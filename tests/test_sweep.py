@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from par_ray import presets, sweep
+from par_ray.model.registry import BACKBONES
 from par_ray.sweep import Options, Search, SweepConfigError, SweepSpec, trial_label
 from par_ray.trial import validate
 
@@ -217,12 +218,13 @@ def test_gpu_types_choose_each_trials_card_and_reach_every_trial_driver():
     assert {c.train.accelerator_type for _, c in untyped.trials} == {""}
 
 
-def test_dry_run_names_each_trials_gpu_type(capsys, tmp_path):
+def test_dry_run_names_each_trials_gpu_type(capsys, tmp_path, write_model_dir):
     """``python sweeps/backbone_scaling.py --dry-run --gpu-types L40S:4,H100`` in-process (``--preset auto`` with GPU
     types plans the paper preset): the GPU count with its type, and the reservation on that type's nodes."""
     module = _load(ROOT / "sweeps/backbone_scaling.py")
     opts = Options(dry_run=True, storage=str(tmp_path), seeds=(0,), backbones=("qwen2.5-0.5b", "qwen2.5-7b"),
-                   gpu_types=("L40S:4", "H100"))
+                   gpu_types=("L40S:4", "H100"),
+                   model_dir=write_model_dir(tmp_path / "models", ["qwen2.5-0.5b", "qwen2.5-7b"]))
     assert sweep.run_sweep(module.SPEC, opts) == 0
     out = capsys.readouterr().out
     assert "preset paper: 2 trials" in out
@@ -265,12 +267,20 @@ def test_max_concurrent_trials_from_cluster_resources():
     assert sweep.max_concurrent_trials(typed, {"GPU": 8.0, "memory": 100 * gib, "accelerator_type:H100": 1.0}) == 2
 
 
-def test_dry_run_paper_prints_the_plan_without_a_gpu():
+def test_dry_run_paper_prints_the_plan_without_a_gpu_and_one_error_per_missing_backbone():
+    """No network, no weights (the tests' empty hub cache): the plan is printed, then one error per backbone naming
+    where it looked, and the exit status is 2 (a real run would refuse to start)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     env.pop("RAY_ADDRESS", None)
     r = subprocess.run([sys.executable, str(ROOT / "sweeps/backbone_scaling.py"), "--dry-run", "--preset", "paper"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 2, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: backbone.pretrained: ")]
+    assert len(errors) == len(presets.PAPER_BACKBONES), r.stderr[-3000:]
+    for backbone, error in zip(presets.PAPER_BACKBONES, errors):
+        hub = BACKBONES[backbone].hub_name
+        assert f"{backbone} weights '{hub}' not found on this machine; looked in hub cache " in error
+        assert f"hf download {hub}" in error
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "| par |" in line]
     assert len(rows) == 7 * 3
     for backbone in presets.PAPER_BACKBONES:
@@ -562,12 +572,14 @@ def test_prior_benchmarks_use_fan_et_al_lengths_under_the_paper_preset():
         ("parity", (20, (20, 30, 40, 50))), ("addition", (21, (21, 31, 41))))}
 
 
-def test_dry_run_of_the_halting_sweep_prints_rules_and_planner_memory(capsys, tmp_path):
+def test_dry_run_of_the_halting_sweep_prints_rules_and_planner_memory(capsys, tmp_path, write_model_dir):
     """``python sweeps/halting.py --dry-run --preset paper`` in-process: 6 trials (recipes × seeds; the stopping rules
     are evaluated together in each), the rules every trial sets, its GPUs and the planner's memory per GPU (the
     halting query counted)."""
     module = _load(ROOT / "sweeps/halting.py")
-    assert sweep.run_sweep(module.SPEC, Options(preset="paper", dry_run=True, storage=str(tmp_path))) == 0
+    model_dir = write_model_dir(tmp_path / "models", ["qwen2.5-0.5b"])  # the weights are found: exit status 0
+    assert sweep.run_sweep(module.SPEC, Options(preset="paper", dry_run=True, storage=str(tmp_path),
+                                                model_dir=model_dir)) == 0
     out = capsys.readouterr().out
     assert "6 trials (grid: 2 cells × tasks × backbones × seeds)" in out
     assert ("every trial: eval.halt_k=6, eval.halt_n=8, eval.halt_tau=0.5, "
@@ -586,3 +598,17 @@ def test_label_free_local_preset_is_swap_s5_at_the_main_results_budget_and_paper
     paper = sweep.build_plan(module.SPEC, Options(preset="paper", backbones=("qwen2.5-0.5b",)), "paper")
     assert sorted({(c.recipe.name, c.task.name) for _, c in paper.trials}) == sorted(
         (r, "s5") for r in module.RECIPES)
+
+
+def test_model_dir_resolves_each_trials_hub_id_to_its_local_checkpoint_in_every_driver(tmp_path, write_model_dir):
+    """--model-dir travels in the param space, so a trial driver resolving its params loads the same local
+    directory; without it (and with an empty hub cache) the hub id stays and missing_weights names it."""
+    spec = SweepSpec(name="x", seeds=(0,), backbones={"paper": ("qwen2.5-0.5b", "qwen3-0.6b")})
+    model_dir = write_model_dir(tmp_path, ["qwen2.5-0.5b"])
+    plan = sweep.build_plan(spec, Options(model_dir=model_dir), "paper")
+    assert plan.param_space[sweep.MODEL_DIR_KEY] == model_dir
+    got = {c.backbone.name: c.backbone.pretrained for _, c in plan.trials}
+    assert got == {"qwen2.5-0.5b": os.path.join(model_dir, "Qwen/Qwen2.5-0.5B"), "qwen3-0.6b": "Qwen/Qwen3-0.6B-Base"}
+    assert sweep.resolve(plan.trials[0][0]).backbone.pretrained == got[plan.trials[0][1].backbone.name]
+    missing = sweep.missing_weights(plan)
+    assert len(missing) == 1 and "qwen3-0.6b weights 'Qwen/Qwen3-0.6B-Base' not found" in missing[0]

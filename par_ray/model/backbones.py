@@ -2,8 +2,8 @@
 
 The sizes are data in :mod:`par_ray.model.registry` (:data:`BACKBONES`, :class:`BackboneSpec`, :func:`get_spec`,
 re-exported here), which imports neither torch nor transformers; this module is where transformers' model code comes
-in. No pretrained weights are downloaded by this module; ``load(..., pretrained=PATH)`` reads a local safetensors
-checkpoint (or a hub name where a hub is reachable).
+in. No pretrained weights are downloaded by this module; ``load(..., pretrained=PATH_OR_HUB_ID)`` reads a local
+safetensors checkpoint, a hub id from the local hub cache (:mod:`par_ray.weights`, offline first).
 
 The parent's decoder layers are called through exactly one function, :func:`run_decoder_layer`, because their
 signature moves between transformers releases (``position_embeddings`` became required; ``past_key_value`` became
@@ -25,7 +25,6 @@ import os
 from typing import Any
 
 import torch
-from huggingface_hub import snapshot_download
 from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
@@ -34,6 +33,7 @@ from transformers.models.qwen2.modeling_qwen2 import rotate_half  # Qwen3's is t
 
 from par_ray.config import ATTN_IMPLEMENTATIONS  # transformers attention implementations allowed; first = default
 from par_ray.model.registry import BACKBONES, BackboneSpec, get_spec  # re-exported: the registry's public names
+from par_ray.weights import resolve_pretrained
 
 
 def load(
@@ -49,27 +49,27 @@ def load(
     Args:
         name: registry key (architecture).
         pretrained: ``None`` for random init from the registry config (seeded by the caller's torch RNG); otherwise a
-            local directory holding ``config.json`` + ``*.safetensors`` (or a hub id), loaded with
-            ``from_pretrained(use_safetensors=True, trust_remote_code=False)``.
+            local directory holding ``config.json`` + ``*.safetensors``, or a hub id found in the local hub cache
+            (``par_ray.weights.resolve_pretrained``), loaded with ``from_pretrained(use_safetensors=True,
+            trust_remote_code=False, local_files_only=True)``.
         dtype: parameter dtype.
         device: where to allocate; ``"meta"`` builds shapes only (parameter counts, memory plans).
         attn_implementation: one of :data:`ATTN_IMPLEMENTATIONS` (``sdpa`` fast, ``eager`` the exact reference).
         config_overrides: extra config fields (e.g. ``vocab_size`` for a task vocabulary on test shapes).
     Raises:
-        ValueError: unknown ``name`` or ``attn_implementation``, or a checkpoint whose architecture family differs
-            from ``name``'s.
+        ValueError: unknown ``name`` or ``attn_implementation``, or a checkpoint that is not on this machine, lacks
+            files, or whose architecture family or sizes differ from ``name``'s registry entry.
     """
     spec = get_spec(name)
     if attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"backbone.attn_implementation: {attn_implementation!r} is not one of "
                          f"{list(ATTN_IMPLEMENTATIONS)}")
     if pretrained is not None:
-        path = pretrained if os.path.isdir(pretrained) else snapshot_download(
-            pretrained, allow_patterns=["*.json", "*.safetensors"])
-        config = AutoConfig.from_pretrained(path, trust_remote_code=False, attn_implementation=attn_implementation)
-        if config.model_type != spec.family:
-            raise ValueError(f"backbone.pretrained: {pretrained!r} is a {config.model_type!r} checkpoint, "
-                             f"but backbone.name={name!r} is a {spec.family!r} architecture")
+        # offline first: a hub id is read from the local cache / model directory, never downloaded (par_ray.weights);
+        # its files, family and sizes are checked against the registry there
+        path = resolve_pretrained(pretrained, name, tokenizer=False)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False, attn_implementation=attn_implementation,
+                                            local_files_only=True)
         return load_checkpoint(path, config, dtype, device or "cpu")
     config = spec.build_config(attn_implementation=attn_implementation, **config_overrides)
     with torch.device(device or "cpu"):

@@ -22,6 +22,13 @@ if typing.TYPE_CHECKING:
     from transformers import Qwen2Config, Qwen3Config
 
 
+CHECKED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "tie_word_embeddings")
+"""The sizes a pretrained checkpoint's ``config.json`` must share with its registry entry: the planner, the layer
+split and the memory plans are computed from the entry, so a checkpoint of another size is refused before it runs
+(``BackboneSpec.mismatches``)."""
+
+
 @dataclass(frozen=True)
 class BackboneSpec:
     """One parent checkpoint's architecture: transformers config fields plus provenance."""
@@ -50,6 +57,19 @@ class BackboneSpec:
     @property
     def vocab_size(self) -> int:
         return int(self.fields["vocab_size"])
+
+    def mismatches(self, config: dict[str, Any]) -> list[str]:
+        """How a checkpoint's ``config.json`` (as a dict) differs from this entry: its ``model_type`` against
+        :attr:`family`, and every size field of :data:`CHECKED_FIELDS` this entry sets against the same key of
+        ``config`` (a key the checkpoint leaves out is not compared). Empty when the checkpoint is this
+        architecture."""
+        out = []
+        if config.get("model_type") != self.family:
+            out.append(f"model_type {config.get('model_type')!r} is not {self.family!r}")
+        for key in CHECKED_FIELDS:
+            if key in self.fields and key in config and config[key] != self.fields[key]:
+                out.append(f"{key} {config[key]!r} differs from the registry's {self.fields[key]!r}")
+        return out
 
     def build_config(self, **overrides: Any) -> Qwen2Config | Qwen3Config:
         """The family's transformers config for this entry (``attn_implementation`` defaults to ``sdpa``)."""
@@ -150,17 +170,24 @@ BACKBONES: dict[str, BackboneSpec] = {
         hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
         max_position_embeddings=131072,
     ),
-    # Qwen3 dense models (the post-trained hybrid-thinking checkpoints; the -Base ones share the architecture).
+    # Qwen3 dense models: the -Base checkpoints. The paper names the Qwen3 sizes (0.6B-4B), not a variant; we
+    # retrofit the base (pretrained-only) models because (1) PAR fine-tunes a pretrained LM on plain task prompts
+    # with no chat template, while the post-trained hybrid-thinking checkpoints are tuned to a chat format and
+    # <think> blocks those prompts never use; (2) the Qwen2.5 entries are base models too, so a backbone table
+    # compares the two families at the same stage of training. Both variants share the architecture (the sizes
+    # below are checked against the checkpoint's config.json before a trial runs, par_ray.weights); the post-trained
+    # ones stay usable with backbone.pretrained=Qwen/Qwen3-0.6B. max_position_embeddings is the post-trained card's
+    # 40960 (only random-init shapes read it; a checkpoint brings its own, and it is not compared).
     "qwen3-0.6b": _checkpoint(
-        "qwen3", "Qwen/Qwen3-0.6B", 0.6, 0.44, _QWEN3,
+        "qwen3", "Qwen/Qwen3-0.6B-Base", 0.6, 0.44, _QWEN3,
         hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
     ),
     "qwen3-1.7b": _checkpoint(
-        "qwen3", "Qwen/Qwen3-1.7B", 1.7, 1.4, _QWEN3,
+        "qwen3", "Qwen/Qwen3-1.7B-Base", 1.7, 1.4, _QWEN3,
         hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
     ),
     "qwen3-4b": _checkpoint(
-        "qwen3", "Qwen/Qwen3-4B", 4.0, 3.6, _QWEN3,
+        "qwen3", "Qwen/Qwen3-4B-Base", 4.0, 3.6, _QWEN3,
         hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
     ),
 }

@@ -16,13 +16,14 @@ from par_ray.sweep.cli import main, parse_args
 from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, cluster_capacity, connect,
                                      max_concurrent_trials, print_plan, ray_address, trial_resources)
 from par_ray.sweep.run import print_summary, run_sweep, sweep_status, trial_outcome
-from par_ray.sweep.spec import (CELL_KEY, DEFAULT_STORAGE, GPU_TYPES_KEY, GRID_DIMS, METRIC_ALIASES, PRESET_CHOICES,
-                                TRAIN_MAX_FAILURES, TUNE_MAX_FAILURES, Options, Plan, Recipe, Search, SweepConfigError,
-                                SweepSpec, build_plan, cell_errors, cells_of, count_trials, default_seeds,
-                                fixed_overrides, resolve, trial_label)
+from par_ray.sweep.spec import (CELL_KEY, DEFAULT_STORAGE, GPU_TYPES_KEY, GRID_DIMS, METRIC_ALIASES, MODEL_DIR_KEY,
+                                PRESET_CHOICES, TRAIN_MAX_FAILURES, TUNE_MAX_FAILURES, Options, Plan, Recipe, Search,
+                                SweepConfigError, SweepSpec, build_plan, cell_errors, cells_of, count_trials,
+                                default_seeds, fixed_overrides, missing_weights, resolve, trial_label)
 
 __all__ = [
-    "CELL_KEY", "DEFAULT_STORAGE", "DRIVER_RESOURCES", "GPU_TYPES_KEY", "GRID_DIMS", "METRIC_ALIASES", "PRESET_CHOICES",
+    "CELL_KEY", "DEFAULT_STORAGE", "DRIVER_RESOURCES", "GPU_TYPES_KEY", "GRID_DIMS", "METRIC_ALIASES", "MODEL_DIR_KEY",
+    "PRESET_CHOICES", "missing_weights",
     "TRAIN_MAX_FAILURES", "TUNE_MAX_FAILURES", "Options", "Plan", "Recipe", "Search", "SweepConfigError", "SweepSpec",
     "autoscaler_limits_unknown", "build_plan", "cell_errors", "cells_of", "cluster_capacity", "connect",
     "count_trials", "default_seeds", "fixed_overrides", "main", "max_concurrent_trials", "parse_args", "print_plan",

@@ -6,6 +6,7 @@ Bad input exits with status 2 and one line naming the flag (argparse) or the fie
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import typing
 
@@ -61,6 +62,12 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
                         f"(TYPE:N = at most N GPUs per trial, one node's worth); each trial takes the first type and "
                         f"the fewest GPUs its planned memory fits. Types: {', '.join(GPU_MEMORY_GB)}. Default: any "
                         f"GPU, planned for {presets.PAPER_GPU_MEMORY_GB:g} GB. With --preset auto it selects paper")
+    p.add_argument("--model-dir", default=os.environ.get("PAR_RAY_MODEL_DIR") or None, metavar="DIR",
+                   help="paper preset: where the pretrained parents are (default $PAR_RAY_MODEL_DIR, set by "
+                        "cluster/setup_node.sh), looked for before the hub cache ($HF_HOME): "
+                        "DIR/<hub id> (hf download ID --local-dir DIR/ID) or a hub cache (hf download ID --cache-dir "
+                        "DIR); the same path on every node. Nothing is downloaded: a missing backbone is an error "
+                        "before the sweep starts")
     p.add_argument("--storage", default=None,
                    help=f"directory or bucket URI for Tune/Train results, the default MLflow store and the analysis "
                         f"(default {DEFAULT_STORAGE.format(name=spec.name)})")
@@ -85,7 +92,8 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
         p.error(str(e))
     return Options(preset=a.preset, seeds=a.seeds, backbones=a.backbones, storage=a.storage, mlflow_uri=a.mlflow_uri,
                    dry_run=a.dry_run, resume=a.resume, smoke_test=a.smoke_test, metric=getattr(a, "metric", None),
-                   num_samples=getattr(a, "num_samples", None), gpu_types=a.gpu_types, overrides=overrides)
+                   num_samples=getattr(a, "num_samples", None), gpu_types=a.gpu_types, overrides=overrides,
+                   model_dir=a.model_dir)
 
 
 def main(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> int:

@@ -33,7 +33,7 @@ from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown
                                      connect, local_preset_guess, max_concurrent_trials, print_plan, reservation,
                                      trial_resources)
 from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
-                                build_plan, cells_of, count_trials, resolve, trial_label)
+                                build_plan, cells_of, count_trials, missing_weights, resolve, trial_label)
 
 STATUS_EVERY_S = 300
 """Seconds between Tune's status tables (one also comes first and last); progress lines come at every report."""
@@ -254,6 +254,13 @@ def _reporter(plan: Plan):
 # --------------------------------------------------------------------------------------------------------------------
 # Running a sweep
 
+def _require_weights(plan) -> None:
+    """Raise :class:`SweepConfigError` listing every backbone whose weights do not resolve (``missing_weights``)."""
+    missing = missing_weights(plan) if plan is not None else []
+    if missing:
+        raise SweepConfigError("pretrained weights missing (nothing was started):\n  - " + "\n  - ".join(missing))
+
+
 def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     """Run (or ``--dry-run`` / ``--resume``) the sweep ``spec``. Returns 0 when every trial finished, 1 otherwise.
 
@@ -278,7 +285,11 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     plan = build_plan(spec, opts, preset) if preset != "auto" else None
     if opts.dry_run:
         print_plan(plan, train_storage)
-        return 0
+        missing = missing_weights(plan)  # the weights a real run would refuse to start without
+        for error in missing:
+            print(f"error: {error}", file=sys.stderr)
+        return 2 if missing else 0
+    _require_weights(plan)
     try:
         uri = tracking.tracking_uri(opts.mlflow_uri, storage)
     except ValueError as e:
@@ -299,6 +310,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
               f"{context.address_info['session_dir']}/logs/train", flush=True)
     if plan is None:
         plan = build_plan(spec, opts, "paper" if cluster_has_gpu() else "local")
+        _require_weights(plan)
     needs = [(trial_label(cfg), trial_resources(cfg, train_storage)) for _, cfg in plan.trials]
     if autoscaler_limits_unknown():
         # Every trial at once: the worker groups of trials that do not fit yet are the demand the autoscaler adds

@@ -18,6 +18,7 @@ from par_ray.config import TrialConfig, flat_value, from_flat
 from par_ray.model.registry import BACKBONES
 from par_ray.recipes import RECIPES, apply_recipe
 from par_ray.trial import validate
+from par_ray.weights import local_pretrained, weights_errors
 
 PRESET_CHOICES = ("auto", "local", "paper")
 DEFAULT_STORAGE = "runs/{name}"
@@ -37,6 +38,9 @@ GRID_DIMS = ("recipe", "task.name", "backbone.name", "train.seed")
 """The grid's dimensions, each a param :func:`resolve` reads."""
 PARALLELISM_KEYS = frozenset({"train.strategy", "train.num_workers", "train.zero_stage", "train.accelerator_type"})
 """Flat keys the paper preset chooses by memory (``presets.fit_parallelism``); a sweep setting one keeps its own."""
+MODEL_DIR_KEY = "model_dir"
+"""Tune param holding ``--model-dir`` (``""`` = none): where :func:`resolve` looks for a pretrained parent first
+(``par_ray.weights.find_checkpoint``), so every trial driver resolves the hub id to the same local directory."""
 GPU_TYPES_KEY = "gpu_types"
 """Tune param holding ``--gpu-types`` (comma-joined, cheapest first; ``""`` = any GPU), which :func:`resolve`
 reads, so every trial driver and callback resolves the same config."""
@@ -126,6 +130,10 @@ class Options:
     gpu_types: tuple[str, ...] = ()
     """Paper preset only: the GPU types trials may run on, cheapest first (``"L40S"`` or ``"L40S:4"``: at most 4
     GPUs per trial, one node's worth; ``par_ray.presets.gpu_targets``). Empty: any GPU, planned for 80 GB."""
+    model_dir: str | None = None
+    """Where pretrained parents are looked for before the hub cache: ``DIR/<hub id>`` trees (``hf download ID
+    --local-dir DIR/ID``) or a hub cache (``--cache-dir DIR``); see ``par_ray.weights``. A directory every node
+    sees at the same path."""
 
 
 @dataclass(frozen=True)
@@ -173,13 +181,16 @@ def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mappi
 def _resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mapping[str, Recipe] | None
              ) -> TrialConfig:
     params = {**{k: v for k, v in params.items() if k != CELL_KEY}, **dict(params.get(CELL_KEY) or {})}
-    flat = {k: v for k, v in params.items() if k not in ("preset", "recipe", GPU_TYPES_KEY)}
+    flat = {k: v for k, v in params.items() if k not in ("preset", "recipe", GPU_TYPES_KEY, MODEL_DIR_KEY)}
     gpu_types = tuple(t for t in str(params.get(GPU_TYPES_KEY) or "").split(",") if t)
     choose = params["preset"] == "paper" and not PARALLELISM_KEYS & set(flat)
     cfg = presets.preset_trial(str(params["preset"]), str(flat.pop("backbone.name", "tiny-qwen2")),
                                str(flat.pop("task.name", "swap_s5")), int(flat.pop("train.seed", 0)), gpu_types,
                                parallelism=not choose)  # planned once, below, for the config as resolved
     cfg = from_flat({k: v for k, v in flat.items() if not k.startswith("recipe.")}, base=cfg)
+    if cfg.backbone.pretrained is not None:  # offline first: the local checkpoint directory, where there is one
+        local = local_pretrained(cfg.backbone.pretrained, str(params.get(MODEL_DIR_KEY) or "") or None)
+        cfg = from_flat({"backbone.pretrained": local}, base=cfg)
     recipe = str(params.get("recipe", "par"))
     cfg = extra_recipes[recipe](cfg) if extra_recipes and recipe in extra_recipes else apply_recipe(cfg, recipe)
     cfg = from_flat({k: v for k, v in flat.items() if k.startswith("recipe.")}, base=cfg)
@@ -222,6 +233,8 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
     fixed: dict[str, typing.Any] = {"preset": preset, **fixed_overrides(spec, preset)}
     if opts.gpu_types:
         fixed[GPU_TYPES_KEY] = ",".join(opts.gpu_types)
+    if opts.model_dir:
+        fixed[MODEL_DIR_KEY] = opts.model_dir
     if opts.smoke_test:
         fixed.update(_flat_values(presets.smoke_overrides(presets.preset_trial(preset, backbones[0]))))
     fixed.update(opts.overrides)  # the user's --set wins over the sweep's and the smoke test's values
@@ -285,6 +298,14 @@ def override_errors(spec: SweepSpec, overrides: typing.Mapping[str, str]) -> lis
     except ValueError as e:
         errs.append(str(e))
     return errs
+
+
+def missing_weights(plan: Plan) -> list[str]:
+    """One error per backbone of ``plan`` whose pretrained weights or tokenizer do not resolve on this machine
+    (``par_ray.weights.weights_errors``: each names the backbone, where it looked and the download command).
+    Checked before any cluster resource is claimed; empty for random-init trials."""
+    model_dir = str(plan.param_space.get(MODEL_DIR_KEY) or "") or None
+    return weights_errors(((cfg.backbone.name, cfg.backbone.pretrained) for _, cfg in plan.trials), model_dir)
 
 
 def fixed_overrides(spec: SweepSpec, preset: str) -> dict[str, typing.Any]:

@@ -27,6 +27,7 @@ from par_ray.evaluation import Extrapolation, format_G
 from par_ray.model.registry import BACKBONES
 from par_ray.recipes import apply_recipe
 from par_ray.trial import validate
+from par_ray.weights import resolve_pretrained
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -60,6 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "tiny-qwen2, the CPU shape)")
     p.add_argument("--pretrained", default=None, metavar="DIR",
                    help="local checkpoint folder to load the parent's weights from (default: random init)")
+    p.add_argument("--model-dir", default=None, metavar="DIR",
+                   help="where a pretrained parent's hub id is looked for before the hub cache ($HF_HOME): DIR/<hub "
+                        "id> or a hub cache (par_ray/weights.py); nothing is downloaded")
     p.add_argument("--task", default="swap_s5", metavar=one_of(TASKS),
                    help="state-tracking task (par_ray/tasks/; default swap_s5)")
     p.add_argument("--recipe", default="par", metavar=one_of(RECIPES),
@@ -99,7 +103,11 @@ def config_from_args(args):
     if args.strategy is not None:
         flat["train.strategy"] = args.strategy
     flat.update(parse_overrides(args.set))
-    return validate(from_flat(flat, base=cfg))
+    cfg = validate(from_flat(flat, base=cfg))
+    if cfg.backbone.pretrained is not None:  # offline first: resolved and checked before anything starts
+        local = resolve_pretrained(cfg.backbone.pretrained, cfg.backbone.name, args.model_dir)
+        cfg = from_flat({"backbone.pretrained": local}, base=cfg)
+    return cfg
 
 
 def check_out_dir(out: str, flat: dict) -> None:
