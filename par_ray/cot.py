@@ -11,8 +11,9 @@ Trace format (after the prompt, which ends with its query tokens):
 
 z_k is the block of Q answer tokens after the first k operations (``Episode.states[:, k-1, :]``, in query order), so
 the last block before END is the answer z_d. ``STEP`` and ``END`` are two ids after the task's vocabulary
-(:func:`cot_tokens`): a random-init model gains them (``par_ray.trial.VocabLayout.cot``); a pretrained parent's
-vocabulary already holds those ids (arbitrary tokens of its tokenizer, as the task's own ids are). Reachability has
+(:func:`cot_tokens`): a random-init model gains them (``par_ray.trial.VocabLayout.cot``); a pretrained parent reads
+them as its tokens of ``","`` and ``"."`` (:data:`COT_WORDS`, :func:`trial_cot_tokens`), as it reads the task as
+words (``par_ray.prompts``). Reachability has
 no intermediate state: its ``states`` repeat the answer, so its trace is the answer written d times
 (``par_ray.tasks.graphs``).
 
@@ -58,6 +59,23 @@ class CotTokens:
 def cot_tokens(task_vocab_size: int) -> CotTokens:
     """STEP = ``task_vocab_size``, END = ``task_vocab_size + 1``."""
     return CotTokens(step=task_vocab_size, end=task_vocab_size + 1)
+
+
+COT_WORDS = (",", ".")
+"""STEP and END as a pretrained parent's words: the trace reads ``z_1, z_2, …, z_d.``"""
+
+
+def trial_cot_tokens(task, tokenizer=None) -> CotTokens:
+    """The trace's separators of a trial: :func:`cot_tokens` after the task's ids for a random-init model
+    (``tokenizer=None``), else the parent's tokens of :data:`COT_WORDS`. Raises ``ValueError`` when one is not a
+    single token."""
+    if tokenizer is None:
+        return cot_tokens(task.vocab_size)
+    ids = [tokenizer.encode(w, add_special_tokens=False) for w in COT_WORDS]
+    if any(len(i) != 1 for i in ids):
+        raise ValueError(f"backbone.pretrained: the tokenizer must encode each trace separator {COT_WORDS} as one "
+                         f"token, got {ids}")
+    return CotTokens(step=ids[0][0], end=ids[1][0])
 
 
 def trace_length(depth: int, num_queries: int) -> int:

@@ -10,7 +10,7 @@ Tensor suffixes: B batch (rows), T sequence length, Q queries per sequence, d de
 from __future__ import annotations
 
 import dataclasses
-
+import typing
 import zlib
 from dataclasses import dataclass
 
@@ -19,6 +19,37 @@ import torch
 
 BOS_ID = 0
 """Token id of the beginning-of-sequence marker, shared by every task."""
+
+# Words: how a pretrained parent reads a task (``Task.words``, rendered by ``par_ray.prompts``). Each is one token of
+# the Qwen BPE (Qwen2.5 and Qwen3 share it); ``tests/test_prompts.py`` checks every table on the real tokenizer.
+BOS_WORD = "<|endoftext|>"
+"""BOS of every task for a pretrained parent: Qwen's document separator, the token its pretraining put between
+documents (Qwen defines no BOS of its own)."""
+SEP_WORD = ":"
+"""The separator between the operations and the queries."""
+NOUNS = tuple(" " + w for w in """
+apple ball cup dog egg key box bag desk shelf drawer hat pen book car tree house door window table chair bed
+lamp clock phone card coin ring bell boat ship train plane bike horse cat bird fish frog bear lion tiger
+wolf fox deer goat sheep cow pig duck mouse rabbit snake bee ant fly star moon sun cloud rain snow wind fire
+water stone rock sand hill lake river sea island forest field garden farm road bridge tower castle church
+school bank shop market hotel museum park city town village king queen prince knight soldier doctor nurse
+teacher student farmer cook baker judge pilot driver captain artist singer writer poet actor player coach
+child baby girl boy man woman friend brother sister mother father uncle aunt bread cake cheese milk tea
+coffee wine beer soup rice corn bean salt sugar honey butter meat chicken pizza orange lemon banana grape
+cherry peach berry potato tomato carrot onion pepper flower rose grass leaf seed root branch wood paper
+glass metal iron gold silver copper steel plastic cotton silk wool leather rope wire chain nail hammer knife
+fork spoon plate bowl bottle jar pot pan oven stove sink bath towel soap brush comb mirror shirt coat jacket
+dress skirt shoe boot sock glove scarf belt button pocket wallet ticket letter stamp map flag sign picture
+photo film song music drum guitar piano violin radio camera computer screen keyboard printer battery engine
+wheel tire motor pump valve pipe tube tank barrel basket bucket ladder fence wall roof floor stair room
+kitchen office hall garage cellar tent cabin hut palace temple tomb statue fountain pool beach coast valley
+canyon cave desert jungle swamp ocean wave storm thunder lightning rainbow sky planet comet galaxy atom cell
+brain heart lung bone skin blood hair eye ear nose mouth tooth tongue lip neck hand finger arm leg knee foot
+toe head face chest back shoulder
+""".split())
+"""Concrete English nouns with a leading space, each one token of the Qwen BPE, in a fixed order: the names of the
+moves of S5/A5 and of reachability's node labels (an arbitrary name per symbol, as the compact id was, but a
+word of the parent's text rather than punctuation or a special id). Frozen data: a new word goes at the end."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +139,10 @@ class Task:
     require; ``None`` when the prompt has no such layout (they refuse the task)."""
     max_depth: int | None = None
     """Largest depth the task can generate (``None``: unbounded); :meth:`sample` rejects deeper requests."""
+    words: tuple[str, ...] = ()
+    """The text of each token id (``words[i]`` for id i, ``len == vocab_size``), each meant as one token of the
+    pretrained parent's tokenizer: what a pretrained parent reads instead of the compact ids
+    (``par_ray.prompts.render``). Random-init models read the compact ids."""
 
     def full_state_chance_at(self, depth: int) -> float:
         """Full-state chance at ``depth``: ``full_state_chance`` unless Q grows with the depth (then overridden)."""
@@ -147,7 +182,7 @@ def _serial_width(base: Task, option: str) -> int:
 
 
 _COPIED = ("name", "vocab_size", "num_queries", "chance", "full_state_chance", "answer_token_ids", "op_width",
-           "max_depth", "num_states")
+           "max_depth", "num_states", "words")
 
 
 class RecentFirst(Task):
@@ -253,3 +288,33 @@ class GivenPrefix(Task):
         m = int(make_rng(self.name + "/given", depth, seed, step).integers(0, self.max_given + 1))
         ep = self.base.sample(depth + m, n, seed, step)
         return dataclasses.replace(ep, given=m)
+
+
+class Rendered(Task):
+    """The same task in a pretrained parent's token ids: every compact id i becomes ``token_ids[i]``.
+
+    Prompts and answers (``input_ids``, ``states``, ``answer_token_ids``) are mapped through the table; positions,
+    depths and the whole-task state classes (``progress_ids``) are unchanged, so a batch is the base task's batch
+    read in the parent's vocabulary. Build it with ``par_ray.prompts.render``, which makes the table from
+    ``Task.words`` and the parent's tokenizer and checks it. ``vocab_size`` becomes ``max(token_ids) + 1`` (ids
+    stay below it). Raises ``ValueError`` unless ``token_ids`` has one distinct id per base token.
+    """
+
+    def __init__(self, base: Task, token_ids: typing.Sequence[int]):
+        if len(token_ids) != base.vocab_size or len(set(token_ids)) != len(token_ids):
+            raise ValueError(f"{base.name}: token_ids must map each of the {base.vocab_size} task ids to a distinct "
+                             f"parent id, got {len(token_ids)} ids ({len(set(token_ids))} distinct)")
+        self.base = base
+        for attr in _COPIED:
+            setattr(self, attr, getattr(base, attr))
+        self.token_ids = torch.tensor(list(token_ids), dtype=torch.int64)
+        self.answer_token_ids = tuple(int(self.token_ids[i]) for i in base.answer_token_ids)
+        self.vocab_size = int(self.token_ids.max()) + 1
+
+    def full_state_chance_at(self, depth: int) -> float:
+        return self.base.full_state_chance_at(depth)
+
+    def sample(self, depth: int, n: int, seed: int, step: int = 0) -> Episode:
+        """The base task's batch with ``input_ids`` and ``states`` in parent ids; same shapes."""
+        ep = self.base.sample(depth, n, seed, step)
+        return dataclasses.replace(ep, input_ids=self.token_ids[ep.input_ids], states=self.token_ids[ep.states])

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from par_ray.tasks.common import BOS_ID, DepthPreset, Episode, Task
+from par_ray.tasks.common import BOS_ID, BOS_WORD, NOUNS, SEP_WORD, DepthPreset, Episode, Task
 
 SEP_ID = 1
 QUERY_ID = 2
@@ -43,7 +43,7 @@ class ReachabilityTask(Task):
     """Is t reachable from s, in two disjoint random chains of d edges over ``num_nodes`` labels? Chance 1/2.
 
     ``max_depth = num_nodes // 2 - 1`` (two chains of d + 1 distinct nodes). Raises ``ValueError`` for
-    ``num_nodes < 4``.
+    ``num_nodes < 4`` or more nodes than ``NOUNS`` has words.
     """
 
     op_width = None  # edges are a set, not a serial list of operations: no RecentFirst / Filler
@@ -58,6 +58,10 @@ class ReachabilityTask(Task):
         self.vocab_size = NODE_BASE + num_nodes
         self.num_queries = 1
         self.chance = self.full_state_chance = 0.5
+        if num_nodes > len(NOUNS):
+            raise ValueError(f"{name}: at most {len(NOUNS)} node labels have words (NOUNS), got {num_nodes}")
+        # "<|endoftext|> apple ball cup dog …: apple dog path" asks whether dog is reachable from apple
+        self.words = (BOS_WORD, SEP_WORD, " path", " false", " true", *NOUNS[:num_nodes])
 
     def generate(self, rng: np.random.Generator, depth: int, n: int) -> Episode:
         """Draw ``n`` graphs of two ``depth``-edge chains; states (n, d, 1) all equal the final answer."""

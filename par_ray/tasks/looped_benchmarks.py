@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from par_ray.tasks.common import BOS_ID, DepthPreset, Episode, Task
+from par_ray.tasks.common import BOS_ID, BOS_WORD, SEP_WORD, DepthPreset, Episode, Task
 
 SEP_ID = 1
 QUERY_ID = 2
@@ -52,6 +52,7 @@ class ParityTask(Task):
         self.vocab_size = DIGIT_BASE + 2
         self.num_queries = 1
         self.chance = self.full_state_chance = 0.5
+        self.words = (BOS_WORD, SEP_WORD, " parity", "0", "1")  # "<|endoftext|>01101: parity" -> "1"
 
     def generate(self, rng: np.random.Generator, depth: int, n: int) -> Episode:
         """Draw ``n`` strings of ``depth`` uniform bits; states (n, d, 1) are the running parities."""
@@ -90,6 +91,9 @@ class AdditionTask(Task):
         self.num_queries = None  # Q = d: the answers grow with the input, as in Fan et al.
         self.chance = 1.0 / base
         self.full_state_chance = 0.0
+        # base 2 (Fan et al.'s): a digit pair (a, b) names which operand has a 1 there, "<|endoftext|> first both
+        # neither:===" -> "1", "0", "0"; other bases have no words (no pretrained rendering)
+        self.words = (BOS_WORD, SEP_WORD, "=", "0", "1", " neither", " second", " first", " both") if base == 2 else ()
 
     def full_state_chance_at(self, depth: int) -> float:
         """``base ** -depth``: every one of the d digits guessed uniformly."""

@@ -28,19 +28,26 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from par_ray.tasks.common import BOS_ID, DepthPreset, Episode, Task
+from par_ray.tasks.common import BOS_ID, BOS_WORD, SEP_WORD, DepthPreset, Episode, Task
 
 SEP_ID = 1
 MOVE_ID = 2
 SWAP_ID = 3
 OBJ_BASE = 4
 
+OBJECT_WORDS = (" apple", " ball", " cup", " key", " coin", " ring", " pen", " hat")
+"""Object names a pretrained parent reads (the first ``num_objects``): "<|endoftext|> move apple box swap ball cup
+…: apple ball cup key" asks where each object is; the answers are location names."""
+LOCATION_WORDS = (" box", " bag", " desk", " shelf", " drawer", " table", " chair", " bed", " car", " room")
+"""Location names (the first ``num_locations``)."""
+
 
 class ObjectTrackingTask(Task):
     """``num_objects`` objects on ``num_locations`` locations (object i starts at location i), moved by MOVE/SWAP
     operations; a MOVE with probability ``move_prob``.
 
-    Raises ``ValueError`` unless 2 <= num_objects <= num_locations and 0 <= move_prob <= 1.
+    Raises ``ValueError`` unless 2 <= num_objects <= num_locations and 0 <= move_prob <= 1, or when there are more
+    objects or locations than :data:`OBJECT_WORDS` / :data:`LOCATION_WORDS` name.
     """
 
     op_width = 3  # VERB, arg, arg: the serial layout with three tokens per operation
@@ -58,6 +65,11 @@ class ObjectTrackingTask(Task):
         self.vocab_size = self.answer_token_ids[-1] + 1
         self.chance = 1.0 / num_locations
         self.full_state_chance = float(num_locations) ** -num_objects
+        if num_objects > len(OBJECT_WORDS) or num_locations > len(LOCATION_WORDS):
+            raise ValueError(f"{name}: at most {len(OBJECT_WORDS)} objects and {len(LOCATION_WORDS)} locations have "
+                             f"words, got {num_objects} and {num_locations}")
+        self.words = (BOS_WORD, SEP_WORD, " move", " swap", *OBJECT_WORDS[:num_objects],
+                      *LOCATION_WORDS[:num_locations])
 
     def generate(self, rng: np.random.Generator, depth: int, n: int) -> Episode:
         """Draw ``n`` sequences of ``depth`` operations; see :meth:`Task.sample` for shapes (Q = num_objects)."""

@@ -11,7 +11,9 @@ Query q asks which object is at position ``query_positions[q]``; its answer toke
 
 Token layout of one sequence (T = d + 2 + Q): ``[BOS, op_1, …, op_d, SEP, query_0, …, query_{Q-1}]``; answers are
 read at the query tokens. Vocabulary: BOS 0, SEP 1, objects 2..6, query tokens 7..7+Q-1, then one token per move in
-the canonical order of ``moves``.
+the canonical order of ``moves``. A pretrained parent reads them as words (``Task.words``): objects
+:data:`OBJECT_WORDS`, queries :data:`POSITION_WORDS`, swap-S5's moves ``" stay"`` / ``" AB"`` … ``" DE"``, S5 and
+A5's moves :data:`PERMUTATION_WORDS`.
 
 Sampling walks the state as an index into the 120 permutations of 5 through a precomputed (120, M) transition table,
 so each of the d steps is one vectorised gather over the n rows.
@@ -26,7 +28,7 @@ import itertools
 import numpy as np
 import torch
 
-from par_ray.tasks.common import BOS_ID, DepthPreset, Episode, Task
+from par_ray.tasks.common import BOS_ID, BOS_WORD, NOUNS, SEP_WORD, DepthPreset, Episode, Task
 
 NUM_OBJECTS = 5
 SEP_ID = 1
@@ -35,6 +37,16 @@ QUERY_BASE = OBJ_BASE + NUM_OBJECTS
 
 ALL_PERMUTATIONS = tuple(itertools.permutations(range(NUM_OBJECTS)))
 """The 120 permutations of 5 in ``itertools.permutations`` order (the identity first)."""
+
+# The words a pretrained parent reads (Task.words): "<|endoftext|> AB stay CE …: A B C D E" asks which object sits
+# at each position after the swaps, the answers are object names.
+OBJECT_WORDS = (" apple", " ball", " cup", " dog", " egg")
+"""Object i's name (the answers)."""
+POSITION_WORDS = (" A", " B", " C", " D", " E")
+"""Position p's name: the query asking which object is at p."""
+PERMUTATION_WORDS = NOUNS[NUM_OBJECTS:NUM_OBJECTS + len(ALL_PERMUTATIONS)]
+"""The name of each permutation of :data:`ALL_PERMUTATIONS` as an S5 / A5 move (a noun: no single token spells a
+permutation of 5), the same word in both tasks."""
 
 
 def parity(perm: tuple[int, ...]) -> int:
@@ -55,18 +67,32 @@ def swap_moves() -> tuple[tuple[int, ...], ...]:
     return tuple(moves)
 
 
+def swap_words() -> tuple[str, ...]:
+    """The words of :func:`swap_moves`: ``" stay"`` for the identity, then the two swapped positions' names
+    (``" AB"`` swaps positions A and B)."""
+    names = "".join(w.strip() for w in POSITION_WORDS)
+    return (" stay", *(f" {names[i]}{names[j]}" for i, j in itertools.combinations(range(NUM_OBJECTS), 2)))
+
+
+def permutation_words(moves: tuple[tuple[int, ...], ...]) -> tuple[str, ...]:
+    """The :data:`PERMUTATION_WORDS` of ``moves`` (each a permutation of range(5))."""
+    return tuple(PERMUTATION_WORDS[ALL_PERMUTATIONS.index(tuple(m))] for m in moves)
+
+
 class PermutationTask(Task):
     """A word problem whose moves are permutations of 5 positions, drawn uniformly and applied left to right.
 
     ``moves`` (M permutations of range(5)) are the move symbols in token order; ``query_positions`` (Q,) are the
-    positions asked about. Raises ``ValueError`` if a move is not a permutation of range(5) or a query position is
-    outside 0..4.
+    positions asked about; ``move_words`` (M,) the move names a pretrained parent reads (default: each move's
+    :data:`PERMUTATION_WORDS`). Raises ``ValueError`` if a move is not a permutation of range(5), a query position
+    is outside 0..4, or ``move_words`` is not one word per move.
     """
 
     op_width = 1  # one token per move: the serial layout RecentFirst and Filler rely on
 
     def __init__(
-        self, name: str, moves: tuple[tuple[int, ...], ...], query_positions: tuple[int, ...], full_state_chance: float
+        self, name: str, moves: tuple[tuple[int, ...], ...], query_positions: tuple[int, ...], full_state_chance: float,
+        move_words: tuple[str, ...] | None = None,
     ):
         bad_moves = [m for m in moves if tuple(sorted(m)) != tuple(range(NUM_OBJECTS))]
         bad_queries = [q for q in query_positions if not 0 <= q < NUM_OBJECTS]
@@ -75,6 +101,9 @@ class PermutationTask(Task):
                 f"{name}: moves must be non-empty permutations of range({NUM_OBJECTS}) (bad: {bad_moves}); "
                 f"query_positions must be non-empty, in 0..{NUM_OBJECTS - 1} (bad: {bad_queries})"
             )
+        move_words = permutation_words(moves) if move_words is None else tuple(move_words)
+        if len(move_words) != len(moves):
+            raise ValueError(f"{name}: move_words must name each of the {len(moves)} moves, got {len(move_words)}")
         self.name = name
         self.moves = tuple(tuple(m) for m in moves)
         self.query_positions = tuple(query_positions)
@@ -87,6 +116,8 @@ class PermutationTask(Task):
         self.chance = 1.0 / NUM_OBJECTS
         self.full_state_chance = full_state_chance
         self.num_states = len(ALL_PERMUTATIONS)  # progress_ids: index into ALL_PERMUTATIONS
+        self.words = (BOS_WORD, SEP_WORD, *OBJECT_WORDS, *(POSITION_WORDS[q] for q in self.query_positions),
+                      *move_words)
 
         perms_PO = np.array(ALL_PERMUTATIONS, dtype=np.int64)
         moves_MO = np.array(self.moves, dtype=np.int64)
@@ -127,7 +158,8 @@ class PermutationTask(Task):
         )
 
 
-SWAP_S5 = PermutationTask("swap_s5", swap_moves(), query_positions=tuple(range(NUM_OBJECTS)), full_state_chance=1 / 120)
+SWAP_S5 = PermutationTask("swap_s5", swap_moves(), query_positions=tuple(range(NUM_OBJECTS)), full_state_chance=1 / 120,
+                          move_words=swap_words())
 """Swap-S5: identity + 10 transpositions, 5 queries, scored by full-state accuracy (chance 1/120)."""
 S5 = PermutationTask("s5", ALL_PERMUTATIONS, query_positions=(0,), full_state_chance=1 / NUM_OBJECTS)
 """S5 word problem: all 120 permutations as moves, one query (position 0)."""

@@ -27,11 +27,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from par_ray.tasks.common import BOS_ID, DepthPreset, Episode, Task
+from par_ray.tasks.common import BOS_ID, BOS_WORD, SEP_WORD, DepthPreset, Episode, Task
 
 SEP_ID = 1
 QUERY_ID = 2
 STATE_BASE = 3
+
+STATE_WORDS = (" red", " green", " blue", " yellow", " black", " white", " orange", " brown")
+"""State names a pretrained parent reads (the first K): "<|endoftext|> flip spin …: state" asks for the colour."""
+RULE_WORDS = (" shift", " flip", " turn", " spin", " roll", " jump", " slide", " push")
+"""Rule names (the first M)."""
 
 RULE_TABLE = (
     (2, 1, 5, 0, 4, 3),
@@ -66,6 +71,9 @@ class RuleTableTask(Task):
         self.rule_token_ids = tuple(range(STATE_BASE + num_states, STATE_BASE + num_states + self.num_rules))
         self.vocab_size = self.rule_token_ids[-1] + 1
         self.chance = self.full_state_chance = 1.0 / num_states
+        if num_states > len(STATE_WORDS) or self.num_rules > len(RULE_WORDS):
+            raise ValueError(f"{name}: at most {len(STATE_WORDS)} states and {len(RULE_WORDS)} rules have words")
+        self.words = (BOS_WORD, SEP_WORD, " state", *STATE_WORDS[:num_states], *RULE_WORDS[:self.num_rules])
         self._next_KM = np.array(self.table, dtype=np.int64).T.copy()  # [state, rule] → next state
 
     def generate(self, rng: np.random.Generator, depth: int, n: int) -> Episode:

@@ -37,9 +37,11 @@ import ray.train  # ray
 import torch
 
 from par_ray.config import TrialConfig, to_flat
-from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens
+from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens, trial_cot_tokens
 from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics, rank_chunks
 from par_ray.halting import halt_tokens
+from par_ray.prompts import render
+from par_ray.weights import parent_tokenizer
 from par_ray.objectives import par_loss
 from par_ray.schedules import iterations_at, plan_step
 from par_ray.tasks import build_task
@@ -152,7 +154,7 @@ def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
 
 
 def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None,
-                 vocab: VocabLayout | None = None) -> dict[str, float]:
+                 vocab: VocabLayout | None = None, cot=None) -> dict[str, float]:
     """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``,
     the per-iteration probe (:func:`probe_metrics`) and ``eval_seconds``, the wall time of this evaluation (s, rank
     0's; every rank runs the same forward calls). R per depth follows ``recipe.fixed_iterations``; the
@@ -173,16 +175,16 @@ def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None,
     """
     t0 = time.perf_counter()
     with engine.autocast():  # the training step's precision (docstring)
-        out = _eval_metrics(engine, task, cfg, recipe, halt, vocab or resolve(cfg).vocab)
+        out = _eval_metrics(engine, task, cfg, recipe, halt, vocab or resolve(cfg).vocab, cot)
     out["eval_seconds"] = time.perf_counter() - t0
     return out
 
 
-def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayout) -> dict[str, float]:
+def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayout, cot=None) -> dict[str, float]:
     world = engine.world
     recipe = recipe or cfg.recipe
     if cfg.recipe.cot:  # chain-of-thought: greedy decoding of the trace, cost in generated tokens (par_ray.cot)
-        tokens = cot_tokens(vocab.cot_offset)
+        tokens = cot or cot_tokens(vocab.cot_offset)  # a pretrained parent's: its words (par_ray.cot)
         acc = cot_accuracy_by_depth(engine.model, task, cfg.eval, tokens, engine.device, world.rank, world.size,
                                     engine.all_reduce_sum)
     else:
@@ -249,12 +251,17 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     trial = resolve(cfg)  # stages, halting / EMA flags, vocabulary layout: once per worker (par_ray.trial)
     stages, vocab = trial.stages, trial.vocab
-    task = build_task(cfg.task)  # evaluation prompts
-    train_task = build_task(cfg.task, train=True)  # the same, or with TaskConfig.train_filler separators
+    # A pretrained parent reads the task as words of its tokenizer (par_ray.prompts); random-init: compact ids.
+    tokenizer = parent_tokenizer(cfg.backbone)  # None for a random-init backbone; read offline (par_ray.weights)
+    task = render(build_task(cfg.task), tokenizer)  # evaluation prompts
+    # the same, or with TaskConfig.train_filler separators
+    train_task = render(build_task(cfg.task, train=True), tokenizer)
+    cot = (cot_tokens(vocab.cot_offset) if tokenizer is None else trial_cot_tokens(task, tokenizer)
+           ) if cfg.recipe.cot else None
     if cfg.recipe.cot:  # chain-of-thought baseline: train on prompt + trace (par_ray.cot)
-        train_task = CotTask(train_task, cot_tokens(vocab.cot_offset))
+        train_task = CotTask(train_task, cot)
     # a stage trains halting: the vocabulary has the halting tokens from the start (par_ray.halting)
-    halt = halt_tokens(task, cfg.backbone) if trial.halting else None
+    halt = halt_tokens(task, tokenizer) if trial.halting else None
     torch.manual_seed(tc.seed)  # identical init on every rank
     # built on the worker's device: a pretrained parent goes from its files straight there (backbones.load_checkpoint)
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=vocab.size,  # task | halting | CoT | dense classes
@@ -309,7 +316,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         done = step + 1
         is_last = done == tc.steps
         if done % tc.eval_every == 0 or is_last:
-            last_eval = eval_metrics(engine, task, cfg, stage.recipe, halt, vocab)
+            last_eval = eval_metrics(engine, task, cfg, stage.recipe, halt, vocab, cot)
             eval_seconds += last_eval["eval_seconds"]
         want_ckpt = is_last or (tc.checkpoint_every and done % tc.checkpoint_every == 0)
         if done % tc.report_every == 0 or is_last or want_ckpt:
