@@ -2,12 +2,14 @@
 
 :func:`analyze` is what ``python -m analysis`` and the sweep scripts (at their end) call. Outputs in ``out_dir``:
 
-- tables: ``main_results``, ``scale``, and when logged ``halting`` and ``ablation``, each as ``.md``, ``.csv``,
-  ``.tex`` (:mod:`analysis.tables`);
+- tables: ``main_results``, ``scale``, and when logged ``halting``, ``ablation`` and ``plan_vs_actual`` (each
+  trial's planned vs actual device-hours and wall time, :mod:`analysis.cost`), each as ``.md``, ``.csv``, ``.tex``
+  (:mod:`analysis.tables`);
 - figures: ``accuracy_<task>_<backbone>.png``, ``G_<task>.png``, ``rms_<task>.png``, ``halt_prob_<task>.png``
   (:mod:`analysis.plots`);
 - data: ``trials.csv`` (every trial, all statuses), ``accuracy.csv``, ``per_seed.csv`` (d50, G, censored),
-  ``G.csv``, ``halting.csv``, ``iterations.csv`` (each only when it has rows; ``trials.csv`` always);
+  ``G.csv``, ``halting.csv``, ``iterations.csv`` (each only when it has rows; ``trials.csv`` always),
+  ``cost_overrides.json`` (the MFU the trials reached per device, for the sweeps' ``--prices``);
   ``summary.md`` gathers the tables and the warnings.
 
 Every file is then logged as an artifact of the parent run, under ``analysis/``. The parent run is the one given,
@@ -22,6 +24,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis import aggregate, load, plots, tables
+from analysis import cost as plan_cost
 
 ARTIFACT_DIR = "analysis"
 """Artifact folder of the parent run that receives the outputs."""
@@ -65,9 +68,16 @@ def analyze(experiment: str, parent_run_id: str | None = None, tracking_uri: str
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="par_ray_analysis_"))
     out.mkdir(parents=True, exist_ok=True)
     built = tables.build_tables(summary)
+    costs = plan_cost.joined(frames.trials, plan_cost.planned_frame(client, frames.trials["run_id"].to_list()))
+    vs = plan_cost.plan_vs_actual(costs)
+    if vs is not None:  # planned vs actual device-hours and wall time (par_ray.cost's plan on each child run)
+        built.append(vs)
     written = tables.write_tables(built, out)
     figures = plots.plot_all(summary, out)
     data = _write_data(frames, summary, out)
+    overrides = plan_cost.write_overrides(plan_cost.measured_overrides(costs, f"{experiment} (python -m analysis)"),
+                                          out)
+    data += [overrides] if overrides else []
     main_md = tables.to_markdown(built[0])
     report = out / "summary.md"
     report.write_text(_summary_markdown(experiment, frames, built, warnings), encoding="utf-8")

@@ -1,9 +1,11 @@
 """GPU types a trial may ask Ray for, and their memory: a registry as data (read by validation, the planner and the
 paper preset's choice of GPU type)."""
 
-GPU_MEMORY_GB = {"A10G": 24, "L4": 24, "L40S": 48, "A100": 40, "A100-40G": 40, "A100-80G": 80, "H100": 80,
-                 "H200": 141}
-"""Ray accelerator type → GB per GPU (decimal, the product figure), for ``train.accelerator_type`` and the paper
+from par_ray.hardware import DEVICES, GPU_TYPES
+
+GPU_MEMORY_GB = {name: DEVICES[name].memory_gb for name in GPU_TYPES}
+"""Ray accelerator type → GB per GPU (decimal, the product figure; read from the one device table,
+``par_ray.hardware.DEVICES``, which also holds each type's peak and prices), for ``train.accelerator_type`` and the paper
 preset's ``--gpu-types``. The keys are the strings Ray 2.60 uses in a node's ``accelerator_type:<type>`` resource
 (``ray.util.accelerators``): on NVIDIA nodes Ray derives the type from the NVML device name
 (``ray/_private/accelerators/nvidia_gpu.py``, the first model token: "NVIDIA L40S" → L40S, "NVIDIA H100 80GB HBM3"

@@ -218,8 +218,10 @@ class SweepTracker:
             self._runs[trial_id] = found[0].info.run_id
         return self._runs.get(trial_id)
 
-    def start_trial(self, trial_id: str, cfg: TrialConfig, run_name: str | None = None) -> str:
-        """Get or create the child run of ``trial_id`` and mark it RUNNING. A new run gets its tags and params."""
+    def start_trial(self, trial_id: str, cfg: TrialConfig, run_name: str | None = None,
+                    params: typing.Mapping[str, typing.Any] | None = None) -> str:
+        """Get or create the child run of ``trial_id`` and mark it RUNNING. A new run gets its tags and params: the
+        flat config and ``params`` (the sweep's cost plan, ``par_ray.cost.TrialCost.params``)."""
         run_id = self.find_trial_run(trial_id)
         if run_id is not None:
             self.client.update_run(run_id, status="RUNNING")
@@ -227,7 +229,7 @@ class SweepTracker:
         tags = redact(trial_tags(cfg, trial_id, self.parent_run_id, self.git_commit))
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=run_name or trial_id)
         run_id = self._runs[trial_id] = run.info.run_id
-        _log_params(self.client, run_id, to_flat(cfg))
+        _log_params(self.client, run_id, {**to_flat(cfg), **dict(params or {})})
         return run_id
 
     def log_metrics(self, trial_id: str, metrics: typing.Mapping[str, typing.Any], step: int) -> None:

@@ -49,6 +49,16 @@ def _gpu_types(text: str) -> tuple[str, ...]:
     return types
 
 
+def _usd(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a dollar amount >= 0 like 500, got {text!r}")
+    return value
+
+
 def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Options:
     """The common flags; argparse exits with status 2 and one line naming the bad flag."""
     p = argparse.ArgumentParser(prog=f"python sweeps/{spec.name}.py", description=spec.description)
@@ -79,6 +89,12 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", dest="overrides",
                    help="override a config field of every trial, e.g. --set train.lr=3e-4 (repeatable; recorded in "
                         "the parent run; --resume must repeat the same ones)")
+    p.add_argument("--prices", default=None, metavar="FILE",
+                   help="device table overrides: a TOML/JSON price file (peaks, MFU, $/node-hour) or the GPU check's "
+                        "JSON (its measured MFU); default: par_ray/hardware.py's table")
+    p.add_argument("--max-usd", type=_usd, default=None, metavar="X",
+                   help="refuse to start (exit 2, nothing started) when the planned on-demand cost of the sweep "
+                        "exceeds X dollars; the dry run prints the plan, then refuses the same way")
     if spec.search is not None:
         p.add_argument("--metric", default=None,
                        help=f"metric to optimize (default {spec.search.metric}): G, acc_longest, acc_d<D>, loss …")
@@ -93,7 +109,7 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
     return Options(preset=a.preset, seeds=a.seeds, backbones=a.backbones, storage=a.storage, mlflow_uri=a.mlflow_uri,
                    dry_run=a.dry_run, resume=a.resume, smoke_test=a.smoke_test, metric=getattr(a, "metric", None),
                    num_samples=getattr(a, "num_samples", None), gpu_types=a.gpu_types, overrides=overrides,
-                   model_dir=a.model_dir)
+                   model_dir=a.model_dir, prices=a.prices, max_usd=a.max_usd)
 
 
 def main(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> int:

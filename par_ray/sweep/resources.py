@@ -14,9 +14,13 @@ import os
 import socket
 import sys
 import typing
+from dataclasses import dataclass
 
+from par_ray import cost
 from par_ray.config import TrialConfig
-from par_ray.sweep.spec import GPU_TYPES_KEY, GRID_DIMS, Plan, SweepConfigError, cells_of, domain_ends, fixed_overrides
+from par_ray.hardware import Table
+from par_ray.sweep.spec import (GPU_TYPES_KEY, GRID_DIMS, Plan, SweepConfigError, cells_of, count_trials, domain_ends,
+                                fixed_overrides, trial_label)
 
 DRIVER_RESOURCES = {"CPU": 0.0, "memory": 512 * 2**20}
 """What a trial's driver (a Tune actor that only waits on its TorchTrainer) reserves. Memory, not a CPU sliver: on a
@@ -264,9 +268,10 @@ def local_preset_guess() -> str:
 # --------------------------------------------------------------------------------------------------------------------
 # The dry run: each trial's reservation and the planner's memory per GPU
 
-def print_plan(plan: Plan, train_storage: str) -> None:
+def print_plan(plan: Plan, train_storage: str, costs: SweepCost | None = None) -> None:
     """``--dry-run``: the trials, what Ray reserves for each (its Train workers + its driver) and the planner's peak
-    memory per GPU of one training step (the trial's memory); starts nothing."""
+    memory per GPU of one training step (the trial's memory); then, given ``costs`` (:func:`sweep_cost`), what each
+    trial and the sweep cost (:func:`print_costs`). Starts nothing."""
     print(f"sweep {plan.spec.name}: {plan.spec.description or 'no description'}")
     shown = plan.trials
     cells = cells_of(plan.spec, plan.preset)
@@ -318,6 +323,156 @@ def print_plan(plan: Plan, train_storage: str) -> None:
     print(f"Ray reservation: the trial's Train workers, plus {DRIVER_RESOURCES['memory'] / 2**30:g} GiB of host RAM "
           f"for its driver (the Tune actor that waits on the TorchTrainer), not the trial's memory. Trial memory per "
           f"GPU: the planner's peak of one training step and of each evaluation (par_ray.planner), per worker.")
+    if costs is not None:
+        print_costs(costs)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What the sweep costs (par_ray.cost): FLOPs, GPU-hours, wall time and dollars
+
+@dataclass(frozen=True)
+class SweepCost:
+    """The cost plan of a sweep: one :class:`~par_ray.cost.TrialCost` per trial shown, and the totals."""
+
+    rows: list[tuple[str, TrialConfig, cost.TrialCost | None, str]]
+    """(label, config, cost or ``None``, why not) per trial of the plan (a search: per grid point shown)."""
+    n_trials: int
+    """Trials Tune will run (a search: its samples, costed as the mean of the rows)."""
+    concurrency: int
+    concurrency_note: str
+    table: Table
+
+    @property
+    def costs(self) -> list[cost.TrialCost]:
+        return [c for _, _, c, _ in self.rows if c is not None]
+
+    def _total(self, value: typing.Callable[[cost.TrialCost], float | None]) -> float | None:
+        values = [value(c) for c in self.costs]
+        if not values or any(v is None for v in values) or len(values) < len(self.rows):
+            return None
+        return sum(values) * self.n_trials / len(values)  # a search: num_samples × the mean trial
+
+    @property
+    def flops(self) -> float | None:
+        return self._total(lambda c: c.flops.total)
+
+    @property
+    def gpu_hours(self) -> float | None:
+        return self._total(lambda c: c.gpu_hours)
+
+    @property
+    def usd(self) -> float | None:
+        return self._total(lambda c: c.usd)
+
+    @property
+    def usd_spot(self) -> float | None:
+        return self._total(lambda c: c.usd_spot)
+
+    @property
+    def checkpoint_bytes(self) -> float | None:
+        return self._total(lambda c: c.flops.checkpoint_bytes)
+
+    @property
+    def wall_hours(self) -> float | None:
+        if len(self.costs) < len(self.rows) or not self.rows:
+            return None
+        durations = [c.wall_hours for c in self.costs]
+        durations = (durations * -(-self.n_trials // len(durations)))[:self.n_trials]
+        return cost.sweep_wall_hours(durations, self.concurrency)
+
+
+def sweep_cost(plan: Plan, table: Table, concurrency: int | None = None) -> SweepCost:
+    """Cost every trial of ``plan`` (:func:`par_ray.cost.trial_cost`) under ``table``, at ``concurrency`` trials at
+    once (``None``: :func:`planned_concurrency`, what a dry run can know)."""
+    rows = []
+    for params, cfg in _shown(plan):
+        try:
+            c, why = cost.trial_cost(cfg, table), ""
+        except Exception as e:  # noqa: BLE001 - a plan reports what it cannot compute
+            c, why = None, f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
+        rows.append((trial_label(cfg), cfg, c, why))
+    note = "the cluster's limit"
+    if concurrency is None:
+        concurrency, note = planned_concurrency(plan)
+    return SweepCost(rows=rows, n_trials=count_trials(plan), concurrency=concurrency, concurrency_note=note,
+                     table=table)
+
+
+def planned_concurrency(plan: Plan) -> tuple[int, str]:
+    """(trials at once, why) without a cluster: CPU trials share this machine's cores (as a new local Ray cluster
+    would); GPU trials all run at once (an autoscaling cluster adds the nodes; a smaller cluster takes longer)."""
+    cfgs = [cfg for _, cfg in plan.trials]
+    if any(cfg.train.use_gpu for cfg in cfgs):
+        return count_trials(plan), "all at once: an autoscaling cluster with enough nodes"
+    cpus = os.cpu_count() or 1
+    need = max(cfg.train.num_workers * max(1, cfg.train.threads_per_worker) for cfg in cfgs)
+    return max(1, cpus // need), f"this machine's {cpus} CPUs"
+
+
+def print_costs(sc: SweepCost) -> None:
+    """The cost table: per trial FLOPs (train, eval), devices, device-hours, wall time, dollars (on-demand, spot)
+    and checkpoint bytes; then the sweep's totals and the assumptions behind them."""
+    print(f"\nWhat it costs (par_ray.cost; device table: {sc.table.source}):")
+    print("| # | trial | devices | train FLOPs | eval FLOPs | GPU-hours | wall | $ on-demand | $ spot | checkpoints |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for i, (label, cfg, c, why) in enumerate(sc.rows):
+        if c is None:
+            print(f"| {i} | {label} | n/a | n/a ({why}) | | | | | | |")
+            continue
+        print(f"| {i} | {label} | {c.count} × {c.device} | {cost.si(c.flops.train)} | {cost.si(c.flops.eval)} | "
+              f"{c.gpu_hours:.3g} | {cost.hours(c.wall_hours)} | {cost.usd(c.usd)} | {cost.usd(c.usd_spot)} | "
+              f"{cost.si(c.flops.checkpoint_bytes, 'B')} |")
+    search = f" ({sc.n_trials} samples × the mean of the {len(sc.rows)} rows)" if sc.n_trials != len(sc.rows) else ""
+    wall = sc.wall_hours
+    print(f"| total | {sc.n_trials} trials{search} | | {_si(sc.flops, 'FLOP')} | | {_g(sc.gpu_hours)} | "
+          f"{'n/a' if wall is None else cost.hours(wall)} | {cost.usd(sc.usd)} | {cost.usd(sc.usd_spot)} | "
+          f"{_si(sc.checkpoint_bytes, 'B')} |")
+    print(f"Wall: the sweep at up to {sc.concurrency} trial(s) at once ({sc.concurrency_note}), each trial's "
+          f"GPU-hours spread over its devices. GPU-hours = FLOPs ÷ (peak × MFU), training and evaluation apart; $ = "
+          f"GPU-hours × the price per GPU-hour of the node type that holds the trial. Assumptions:")
+    for line in cost.assumptions(sc.costs, sc.table):
+        print(f"  {line}")
+
+
+def check_budget(sc: SweepCost, max_usd: float | None) -> None:
+    """Raise :class:`SweepConfigError` naming ``--max-usd`` when the sweep's planned on-demand dollars exceed
+    ``max_usd`` or cannot be planned (a trial without a price or a peak); nothing when ``max_usd`` is ``None``."""
+    if max_usd is None:
+        return
+    if sc.usd is None:
+        missing = sorted({label for label, _, c, _ in sc.rows if c is None or c.usd is None})
+        raise SweepConfigError(f"--max-usd: the sweep's cost cannot be planned: no price or peak for {missing[:3]} "
+                               f"(add them with --prices FILE)")
+    if sc.usd > max_usd:
+        raise SweepConfigError(f"--max-usd: the sweep is planned at {cost.usd(sc.usd)} on-demand "
+                               f"({cost.usd(sc.usd_spot)} spot, {sc.gpu_hours:.3g} GPU-hours over {sc.n_trials} "
+                               f"trials), over the budget of {cost.usd(max_usd)}; nothing was started "
+                               f"(--dry-run lists each trial's cost)")
+
+
+def cost_summary(sc: SweepCost) -> str:
+    """One line: the planned total a real run prints before it starts."""
+    wall = sc.wall_hours
+    return (f"planned cost: {sc.n_trials} trials, {_si(sc.flops, 'FLOP')}, {_g(sc.gpu_hours)} GPU-hours, "
+            f"{cost.usd(sc.usd)} on-demand / {cost.usd(sc.usd_spot)} spot, about "
+            f"{'n/a' if wall is None else cost.hours(wall)} of wall time at up to {sc.concurrency} at once "
+            f"(par_ray.cost; --dry-run lists each trial)")
+
+
+def _si(x: float | None, unit: str) -> str:
+    return "n/a" if x is None else cost.si(x, unit)
+
+
+def _g(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def _shown(plan: Plan) -> list[tuple[dict, TrialConfig]]:
+    """The trials the dry run lists: every trial of a grid; a search's grid points at the first end of each domain."""
+    if plan.search is None:
+        return list(plan.trials)
+    first = {k: domain_ends(k, d)[0] for k, d in plan.search.space.items()}
+    return [(p, c) for p, c in plan.trials if all(p.get(k) == v for k, v in first.items())]
 
 
 def reservation(need: typing.Mapping[str, float]) -> str:

@@ -29,9 +29,11 @@ import sys
 import time
 import typing
 
-from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, cluster_capacity, cluster_has_gpu,
-                                     connect, local_preset_guess, max_concurrent_trials, print_plan, reservation,
-                                     trial_resources)
+from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, check_budget, cluster_capacity,
+                                     cluster_has_gpu, connect, cost_summary, local_preset_guess, max_concurrent_trials,
+                                     print_plan, reservation, sweep_cost, trial_resources)
+from par_ray.cost import trial_cost
+from par_ray.hardware import load_table
 from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
                                 build_plan, cells_of, count_trials, missing_weights, resolve, trial_label)
 
@@ -177,7 +179,7 @@ def checkpoint_reports(train_storage: str, name: str) -> list[dict]:
     return sorted(reports, key=lambda r: r["step"])
 
 
-def _make_callback(tracker, extra_recipes, train_storage: str | None = None):
+def _make_callback(tracker, extra_recipes, train_storage: str | None = None, table=None):
     from ray.tune import Callback
     from ray.tune.result import AUTO_RESULT_KEYS
 
@@ -186,13 +188,15 @@ def _make_callback(tracker, extra_recipes, train_storage: str | None = None):
     class MLflowTrials(Callback):
         """Trial → child run of the sweep's parent run (``par_ray.tracking``), on the sweep driver."""
 
-        def __init__(self, tracker, extra_recipes, train_storage):
-            self.tracker, self.extra_recipes, self.train_storage = tracker, extra_recipes, train_storage
+        def __init__(self, tracker, extra_recipes, train_storage, table):
+            self.tracker, self.extra_recipes, self.train_storage, self.table = (tracker, extra_recipes, train_storage,
+                                                                                table)
 
         def on_trial_start(self, iteration, trials, trial, **info):
             cfg = resolve(trial.config, self.extra_recipes)
             resumed = self.tracker.find_trial_run(trial.trial_id) is not None
-            self.tracker.start_trial(trial.trial_id, cfg, run_name=trial_label(cfg))
+            self.tracker.start_trial(trial.trial_id, cfg, run_name=trial_label(cfg),
+                                     params=_planned(cfg, getattr(self, "table", None)))
             storage = getattr(self, "train_storage", None)  # None: a sweep pickled before it was kept here
             if resumed and storage:  # the checkpoints' reports Tune never handed over (logged once: by step)
                 for report in checkpoint_reports(storage, f"trial_{trial.trial_id}"):
@@ -216,7 +220,7 @@ def _make_callback(tracker, extra_recipes, train_storage: str | None = None):
             sys.stderr.flush()
             self.tracker.finish_trial(trial.trial_id, cfg, trial.last_result, "FAILED", error=error)
 
-    return MLflowTrials(tracker, extra_recipes, train_storage)
+    return MLflowTrials(tracker, extra_recipes, train_storage, table)
 
 
 def _trial_error(trial) -> tuple[str, str]:
@@ -236,6 +240,15 @@ def _trial_error(trial) -> tuple[str, str]:
             text = f.read()
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("Failure #")]
     return "TrialError", lines[-1].strip() if lines else "no error recorded"
+
+
+def _planned(cfg, table) -> dict[str, str]:
+    """The trial's planned cost as MLflow params (``cost.*``, :meth:`par_ray.cost.TrialCost.params`); a trial the
+    cost model cannot plan gets ``cost.error`` instead of failing the sweep."""
+    try:
+        return trial_cost(cfg, table).params()
+    except Exception as e:  # noqa: BLE001 - bookkeeping must not stop a trial
+        return {"cost.error": f"{type(e).__name__}: {e}"[:400]}
 
 
 def _reporter(plan: Plan):
@@ -280,16 +293,26 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
         raise SweepConfigError(f"--preset: {preset!r} is not one of {list(PRESET_CHOICES)}")
     if preset == "auto" and opts.gpu_types:
         preset = "paper"  # GPU types name GPUs: the preset that plans for them
-    if preset == "auto" and opts.dry_run:
-        preset = local_preset_guess()
+    if preset == "auto" and (opts.dry_run or opts.max_usd is not None):
+        preset = local_preset_guess()  # a budget is checked before anything starts: plan for the guessed preset
+    try:
+        table = load_table(opts.prices)
+    except ValueError as e:
+        raise SweepConfigError(str(e)) from None
     plan = build_plan(spec, opts, preset) if preset != "auto" else None
     if opts.dry_run:
-        print_plan(plan, train_storage)
+        costs = sweep_cost(plan, table)
+        print_plan(plan, train_storage, costs)
         missing = missing_weights(plan)  # the weights a real run would refuse to start without
         for error in missing:
             print(f"error: {error}", file=sys.stderr)
-        return 2 if missing else 0
+        if missing:
+            return 2
+        check_budget(costs, opts.max_usd)
+        return 0
     _require_weights(plan)
+    if plan is not None and opts.max_usd is not None:
+        check_budget(sweep_cost(plan, table), opts.max_usd)  # before the cluster: over budget starts nothing
     try:
         uri = tracking.tracking_uri(opts.mlflow_uri, storage)
     except ValueError as e:
@@ -323,6 +346,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     largest = max((n for _, n in needs), key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)))
     print(f"sweep {spec.name}: preset {plan.preset}, {count_trials(plan)} trials, up to {concurrency} at once "
           f"(largest trial: {reservation(largest)}); storage {storage}", flush=True)
+    print(f"sweep {spec.name}: {cost_summary(sweep_cost(plan, table, concurrency))}", flush=True)
 
     tracker = tracking.SweepTracker.open(
         spec.name, experiment_path, uri, params=_sweep_params(plan, opts),
@@ -350,7 +374,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
             run_config=tune.RunConfig(
                 name=spec.name, storage_path=f"{storage}/tune",
                 failure_config=tune.FailureConfig(max_failures=spec.tune_max_failures),
-                callbacks=[_make_callback(tracker, dict(spec.extra_recipes), train_storage)], verbose=1,
+                callbacks=[_make_callback(tracker, dict(spec.extra_recipes), train_storage, table)], verbose=1,
                 progress_reporter=_reporter(plan), log_to_file=True),
         )
     if opts.resume:

@@ -134,6 +134,10 @@ class Options:
     """Where pretrained parents are looked for before the hub cache: ``DIR/<hub id>`` trees (``hf download ID
     --local-dir DIR/ID``) or a hub cache (``--cache-dir DIR``); see ``par_ray.weights``. A directory every node
     sees at the same path."""
+    prices: str | None = None
+    """A price file (TOML/JSON) or a GPU check's JSON overriding the device table (``par_ray.hardware.load_table``)."""
+    max_usd: float | None = None
+    """Refuse to start a sweep whose planned on-demand cost exceeds this many USD (``par_ray.cost``)."""
 
 
 @dataclass(frozen=True)

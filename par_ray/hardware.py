@@ -1,0 +1,248 @@
+"""The device table: every accelerator a trial may run on, its memory, its peak and what an hour of it costs.
+
+One table (:data:`DEVICES`) for everything that asks about a device: the memory planner's GB per GPU
+(``par_ray.planner.GPU_MEMORY_GB`` is read from it), ``train.accelerator_type`` and ``--gpu-types`` validation, and
+the cost model (``par_ray.cost``: GPU-hours = FLOPs ÷ (peak × MFU), dollars = GPU-hours × price). Keys are Ray's
+accelerator types (``ray.util.accelerators``; see ``GPU_MEMORY_GB`` for how Ray names them), plus ``CPU`` for the
+local preset's CPU workers.
+
+Peaks are the dense bf16 tensor-core figures of NVIDIA's datasheets (no 2:4 sparsity); the CPU's is an fp32
+``torch.mm`` peak per core measured on the development machine (``benchmarks/bench_throughput.py``'s
+``matmul_peak``). Prices are USD per GPU-hour of the node types in ``cluster/aws.yaml``, ``cluster/gcp.yaml`` and
+``cluster/kuberay/raycluster.yaml`` (:data:`NODE_PRICES`: node price ÷ GPUs per node), each with its region, date
+and source. They are list prices as published by the providers at the date given, copied by hand; they were not
+re-checked online when this table was written (December 2026), spot prices move daily, and spot H100 capacity is
+often unavailable. A price file overrides any of it (:func:`load_table`, the sweeps' ``--prices FILE``).
+
+MFU (model FLOPs utilisation: the share of the peak a trial's matmuls reach) is an assumption until measured
+(:data:`DEFAULT_MFU`); training and evaluation get separate values. A measured one replaces it: the GPU check's
+JSON (``benchmarks/gpu_check.py``, ``throughput.*.mfu``) passed as ``--prices``, or past runs
+(``python -m analysis`` writes ``cost_overrides.json``: actual GPU-seconds ÷ planned FLOPs of finished trials).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+import typing
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class NodePrice:
+    """What one node type of the cluster configs costs."""
+
+    node: str
+    """Instance / machine type (``g6e.12xlarge``, ``a3-highgpu-8g``)."""
+    cloud: str
+    gpus: int
+    """GPUs per node."""
+    on_demand: float
+    """USD per node-hour, on-demand."""
+    spot: float
+    """USD per node-hour, spot (typical; spot prices move)."""
+    region: str
+    date: str
+    """When the price was read (YYYY-MM)."""
+    source: str
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator type: memory, peak and the node types that offer it."""
+
+    memory_gb: float
+    """GB per device (decimal, the product figure; the planner's capacity)."""
+    peak_tflops: float | None
+    """Dense bf16 tensor-core TFLOP/s per device (``CPU``: fp32 ``torch.mm`` GFLOP/s ÷ 1000 per core);
+    ``None`` when unknown (no GPU-hours can be planned on it)."""
+    peak_source: str = ""
+    nodes: tuple[NodePrice, ...] = ()
+    """Priced node types carrying this device (empty: no price, dollars show as n/a)."""
+    mfu_train: float | None = None
+    """Measured training MFU on this device (replaces :data:`DEFAULT_MFU`); ``None`` = not measured."""
+    mfu_eval: float | None = None
+    mfu_source: str = ""
+
+    def price(self, count: int = 1) -> NodePrice | None:
+        """The node a trial of ``count`` devices is priced on: the cheapest per device by on-demand price among the
+        node types holding ``count`` on one node (else among all); ``None`` without priced nodes."""
+        fits = [n for n in self.nodes if n.gpus >= count] or list(self.nodes)
+        return min(fits, key=lambda n: n.on_demand / n.gpus) if fits else None
+
+
+_AWS = "https://aws.amazon.com/ec2/pricing/on-demand/ and https://aws.amazon.com/ec2/spot/pricing/"
+_GCP = "https://cloud.google.com/compute/gpus-pricing and https://cloud.google.com/compute/all-pricing"
+_SPOT = "; spot: typical of that month, it moves daily"
+
+NODE_PRICES: dict[str, NodePrice] = {
+    # AWS us-east-1, Linux (cluster/aws.yaml)
+    "g6e.xlarge": NodePrice("g6e.xlarge", "aws", 1, 1.861, 0.70, "us-east-1", "2025-06", _AWS + _SPOT),
+    "g6e.12xlarge": NodePrice("g6e.12xlarge", "aws", 4, 10.493, 4.00, "us-east-1", "2025-06", _AWS + _SPOT),
+    # P5 on-demand after AWS's June 2025 price cut for P4/P5 (up to 45 %)
+    "p5.48xlarge": NodePrice("p5.48xlarge", "aws", 8, 55.04, 30.0, "us-east-1", "2025-06", _AWS + _SPOT),
+    # GCP us-central1 (cluster/gcp.yaml, cluster/kuberay/raycluster.yaml: the same machine types on GKE)
+    "g2-standard-8": NodePrice("g2-standard-8", "gcp", 1, 0.8536, 0.30, "us-central1", "2025-06", _GCP + _SPOT),
+    "g2-standard-96": NodePrice("g2-standard-96", "gcp", 8, 7.9858, 3.00, "us-central1", "2025-06", _GCP + _SPOT),
+    "a3-highgpu-8g": NodePrice("a3-highgpu-8g", "gcp", 8, 88.25, 25.0, "us-central1", "2025-06", _GCP + _SPOT),
+}
+"""The GPU node types of ``cluster/*.yaml`` and ``cluster/kuberay``, USD per node-hour."""
+
+_DATASHEET = "NVIDIA {} datasheet, dense BF16 tensor TFLOPS (without sparsity)"
+
+DEVICES: dict[str, Device] = {
+    "A10G": Device(24, None, "not in this table: the A10G (AWS's A10 variant) has no NVIDIA datasheet; add its peak "
+                   "with --prices"),
+    "L4": Device(24, 121.0, _DATASHEET.format("L4"),
+                 (NODE_PRICES["g2-standard-8"], NODE_PRICES["g2-standard-96"])),
+    "L40S": Device(48, 362.05, _DATASHEET.format("L40S"),
+                   (NODE_PRICES["g6e.xlarge"], NODE_PRICES["g6e.12xlarge"])),
+    "A100": Device(40, 312.0, _DATASHEET.format("A100")),
+    "A100-40G": Device(40, 312.0, _DATASHEET.format("A100")),
+    "A100-80G": Device(80, 312.0, _DATASHEET.format("A100")),
+    "H100": Device(80, 989.4, _DATASHEET.format("H100 SXM"),
+                   (NODE_PRICES["p5.48xlarge"], NODE_PRICES["a3-highgpu-8g"])),
+    "H200": Device(141, 989.4, _DATASHEET.format("H200 SXM")),
+    "CPU": Device(0, 0.179, "fp32 torch.mm at 2048^3, one thread, the development machine's Xeon (docs/experiments.md "
+                  "§11 machine notes; measure yours with benchmarks/bench_throughput.py and pass --prices)"),
+}
+"""Ray accelerator type → :class:`Device`. ``CPU`` is the local preset's worker (one core per thread; no price)."""
+
+GPU_TYPES = tuple(k for k in DEVICES if k != "CPU")
+"""The GPU types a trial may name (``train.accelerator_type``, ``--gpu-types``)."""
+ANY_GPU = "H100"
+"""The type a GPU trial without ``train.accelerator_type`` is costed as: the paper preset then plans for an 80 GB
+GPU of any type (``par_ray.presets.PAPER_GPU_MEMORY_GB``)."""
+
+DEFAULT_MFU = {"gpu": {"train": 0.25, "eval": 0.15}, "cpu": {"train": 0.35, "eval": 0.35}}
+"""Assumed MFU by device kind and phase, until a measurement replaces it. GPU: the trials' matmuls are small
+(B·T of a few thousand tokens, hidden 896–3584) and the loop adds many small kernels per iteration, so a quarter of
+the bf16 peak in training and less in evaluation (smaller batches per call, the readout's narrow matmuls) — no GPU
+has measured it yet (``benchmarks/gpu_check.py`` does). CPU: a local-preset training step reached 0.42 of the
+one-thread fp32 peak alone (``benchmarks/bench_throughput.py``, README); two trials side by side on two cores share
+memory bandwidth, hence 0.35."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """The device table in force: :data:`DEVICES` with a price file's overrides."""
+
+    devices: dict[str, Device] = field(default_factory=lambda: dict(DEVICES))
+    mfu: dict[str, dict[str, float]] = field(default_factory=lambda: {k: dict(v) for k, v in DEFAULT_MFU.items()})
+    source: str = "built-in (par_ray/hardware.py)"
+
+    def device(self, accelerator_type: str, use_gpu: bool) -> tuple[str, Device]:
+        """(name, device) a trial runs on: ``CPU`` without GPUs, its accelerator type, or :data:`ANY_GPU`."""
+        name = "CPU" if not use_gpu else (accelerator_type or ANY_GPU)
+        if name not in self.devices:
+            raise ValueError(f"train.accelerator_type: {name!r} is not in the device table "
+                             f"({sorted(self.devices)}; add it with --prices)")
+        return name, self.devices[name]
+
+    def mfu_of(self, name: str, phase: str) -> float:
+        """MFU of ``phase`` (``train`` or ``eval``) on device ``name``: measured if known, else the default."""
+        dev = self.devices[name]
+        measured = dev.mfu_train if phase == "train" else dev.mfu_eval
+        return measured if measured else self.mfu["cpu" if name == "CPU" else "gpu"][phase]
+
+
+def load_table(path: str | None = None) -> Table:
+    """The built-in table, with the overrides of ``path`` (``None``: none).
+
+    ``path`` is one of:
+
+    - a price file, TOML or JSON (by its extension; JSON otherwise)::
+
+          [mfu.gpu]            # assumed MFU of every GPU (train, eval); [mfu.cpu] for CPU workers
+          train = 0.3
+          [devices.H100]       # any field of Device; a new key adds a device
+          peak_tflops = 989.4
+          mfu_train = 0.31     # measured on this device
+          [[devices.H100.nodes]]   # replaces the device's node prices
+          node = "p5.48xlarge"
+          cloud = "aws"
+          gpus = 8
+          on_demand = 55.04
+          spot = 30.0
+          region = "us-east-1"
+          date = "2026-12"
+          source = "AWS console"
+
+    - the GPU check's JSON (``benchmarks/gpu_check.py``): its measured training MFU (the mean of
+      ``throughput.*.mfu``) becomes ``mfu_train`` of the device it ran on (``environment``'s device name, mapped to
+      Ray's accelerator type as Ray does: the first model token after "NVIDIA").
+
+    Raises ``ValueError`` naming ``--prices`` and the problem (unreadable file, unknown field, bad value).
+    """
+    if path is None:
+        return Table()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        data = tomllib.loads(raw.decode()) if str(path).endswith(".toml") else json.loads(raw)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"--prices: cannot read {path!r} ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--prices: {path!r} holds {type(data).__name__}, expected a table of devices / mfu")
+    if "sections" in data and "schema" in data:  # the GPU check's output
+        data = _from_gpu_check(data, path)
+    table = Table(source=str(path))
+    errs = []
+    for kind, phases in (data.get("mfu") or {}).items():
+        for phase, value in (phases or {}).items():
+            if kind not in table.mfu or phase not in ("train", "eval") or not _fraction(value):
+                errs.append(f"mfu.{kind}.{phase}: expected mfu.gpu|cpu.train|eval in (0, 1], got {value!r}")
+            else:
+                table.mfu[kind][phase] = float(value)
+    fields = set(Device.__dataclass_fields__)
+    for name, entry in (data.get("devices") or {}).items():
+        unknown = set(entry or {}) - fields
+        if unknown:
+            errs.append(f"devices.{name}: unknown field(s) {sorted(unknown)}; fields: {sorted(fields)}")
+            continue
+        entry = dict(entry)
+        try:
+            if "nodes" in entry:
+                entry["nodes"] = tuple(NodePrice(**n) for n in entry["nodes"])
+            base = table.devices.get(name) or Device(memory_gb=entry.get("memory_gb", 0),
+                                                    peak_tflops=entry.get("peak_tflops"))
+            dev = replace(base, **entry)
+        except TypeError as e:
+            errs.append(f"devices.{name}: {e}")
+            continue
+        for k in ("mfu_train", "mfu_eval"):
+            if getattr(dev, k) is not None and not _fraction(getattr(dev, k)):
+                errs.append(f"devices.{name}.{k}: must be in (0, 1], got {getattr(dev, k)!r}")
+        if dev.peak_tflops is not None and not (isinstance(dev.peak_tflops, (int, float)) and dev.peak_tflops > 0):
+            errs.append(f"devices.{name}.peak_tflops: must be > 0, got {dev.peak_tflops!r}")
+        table.devices[name] = dev
+    if errs:
+        raise ValueError(f"--prices {path}:\n  - " + "\n  - ".join(errs))
+    return table
+
+
+def _fraction(value: typing.Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1 and math.isfinite(value)
+
+
+def ray_accelerator_type(device_name: str) -> str:
+    """Ray's accelerator type of an NVML device name, as ``ray/_private/accelerators/nvidia_gpu.py`` derives it:
+    "NVIDIA H100 80GB HBM3" → H100, "NVIDIA A100-SXM4-80GB" → A100."""
+    words = device_name.replace("NVIDIA", "").split()
+    return words[0].split("-")[0] if words else device_name
+
+
+def _from_gpu_check(doc: dict, path: str) -> dict:
+    """A GPU check's JSON as price-file overrides: its mean training MFU on the device it ran on."""
+    sections = doc.get("sections", {})
+    mfus = [s["result"]["mfu"] for k, s in sections.items()
+            if k.startswith("throughput.") and s.get("status") == "ok" and s["result"].get("mfu")]
+    env = (sections.get("environment") or {}).get("result") or {}
+    device = env.get("device") or ""
+    if doc.get("dry_run") or not mfus or not device:
+        raise ValueError(f"--prices: {path!r} is a GPU check without a measured GPU MFU (dry run, or no throughput "
+                         f"section succeeded)")
+    name = ray_accelerator_type(str(device))
+    return {"devices": {name: {"mfu_train": sum(mfus) / len(mfus),
+                               "mfu_source": f"{path} (benchmarks/gpu_check.py, {doc.get('started', '?')})"}}}
