@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     except AnalysisError as e:
         parser.error(str(e))
     print(result["main_table"])
+    if "plan_vs_actual" in result["tables"]:  # the sweep's planned vs actual cost (analysis.cost)
+        print(result["tables"]["plan_vs_actual"]["md"].read_text(encoding="utf-8"))
     for w in result["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     print(f"{result['n_trials']} trials ({result['n_finished']} FINISHED); wrote {len(result['tables'])} tables, "

@@ -21,6 +21,7 @@ from par_ray import cost, hardware
 from par_ray.config import with_overrides
 from par_ray.presets import local_trial, paper_trial
 from par_ray.recipes import apply_recipe
+from par_ray.trial import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("par", "final_answer", "par_halt", "psd_ema", "cot", "dense")
@@ -58,8 +59,8 @@ def _engine(cfg):
 
 def _tiny(name: str):
     cfg = family(name, local_trial())
-    return with_overrides(cfg, train=dict(batch_size=4), backbone=dict(attn_implementation="eager"),
-                          eval=dict(depths=(6, 12), num_sequences=8, batch_size=8)).validate()
+    return validate(with_overrides(cfg, train=dict(batch_size=4), backbone=dict(attn_implementation="eager"),
+                                   eval=dict(depths=(6, 12), num_sequences=8, batch_size=8)))
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -129,8 +130,8 @@ def test_flops_match_the_counter_on_real_shapes(real, name):
     from transformers import DynamicCache
 
     backbone, model = real
-    cfg = with_overrides(family(name, paper_trial(backbone)), task=dict(train_depth=8, min_train_depth=1),
-                         train=dict(batch_size=2), eval=dict(depths=(8, 16), num_sequences=2)).validate()
+    cfg = validate(with_overrides(family(name, paper_trial(backbone)), task=dict(train_depth=8, min_train_depth=1),
+                                  train=dict(batch_size=2), eval=dict(depths=(8, 16), num_sequences=2)))
     rc, shape = cfg.recipe, cost.trial_shape(cfg)
     task = build_task(cfg.task, train=True)
     data = CotTask(task, cot_tokens(task.vocab_size)) if rc.cot else task
@@ -175,7 +176,7 @@ def test_flops_match_the_counter_on_real_shapes(real, name):
 # The trial-level sums
 
 def test_step_expectation_follows_the_schedules_draws():
-    cfg = apply_recipe(local_trial(), "par_hold").validate()
+    cfg = validate(apply_recipe(local_trial(), "par_hold"))
     pmfs = cost._schedule(cfg.task, cfg.recipe)
     assert [d for d, _ in pmfs] == list(range(cfg.task.min_train_depth, cfg.task.train_depth + 1))
     for _, pmf in pmfs:  # R = 1 + Poisson(λ) capped at max_iterations: a distribution with mean ≈ 1 + λ
@@ -186,7 +187,7 @@ def test_step_expectation_follows_the_schedules_draws():
 
 
 def test_trial_flops_add_stages_and_evaluations():
-    cfg = apply_recipe(local_trial(), "par_halt_posthoc").validate()  # PAR stage, then a halting read-out stage
+    cfg = validate(apply_recipe(local_trial(), "par_halt_posthoc"))  # PAR stage, then a halting read-out stage
     fl = cost.trial_flops(cfg)
     assert len(fl.stages) == 2 and fl.train == pytest.approx(sum(fl.stages))
     assert len(fl.eval_once) == 3  # 3000 steps, every 1000
@@ -195,7 +196,7 @@ def test_trial_flops_add_stages_and_evaluations():
 
 
 def test_cost_turns_flops_into_hours_and_dollars():
-    cfg = paper_trial("qwen2.5-0.5b").validate()
+    cfg = validate(paper_trial("qwen2.5-0.5b"))
     table = hardware.load_table()
     c = cost.trial_cost(cfg, table)
     peak = hardware.DEVICES["H100"].peak_tflops * 1e12
@@ -246,7 +247,7 @@ def test_price_file_overrides_prices_peaks_and_mfu(tmp_path):
     table = hardware.load_table(str(path))
     assert table.mfu_of("H100", "train") == 0.5 and table.mfu_of("H100", "eval") == 0.2
     assert table.devices["H100"].price(1).on_demand == 8.0
-    c = cost.trial_cost(paper_trial("qwen2.5-0.5b").validate(), table)
+    c = cost.trial_cost(validate(paper_trial("qwen2.5-0.5b")), table)
     assert c.usd_per_gpu_hour == 1.0 and c.usd_spot_per_gpu_hour == 0.5
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"devices": {"H100": {"peak": 1}}, "mfu": {"gpu": {"train": 2}}}))
@@ -314,7 +315,7 @@ def test_plan_vs_actual_table_and_measured_mfu(tmp_path):
 
     from analysis import cost as plan_cost
 
-    plan = cost.trial_cost(local_trial().validate()).params()
+    plan = cost.trial_cost(validate(local_trial())).params()
     runs = {"a": plan, "b": plan, "c": {"train.seed": "0"}}  # c: a run from before cost plans were logged
     client = types.SimpleNamespace(get_run=lambda rid: types.SimpleNamespace(data=types.SimpleNamespace(
         params=runs[rid])))

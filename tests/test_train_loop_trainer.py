@@ -151,6 +151,9 @@ def test_final_report_has_per_iteration_probe_and_checkpoint_holds_last_eval(tmp
     # the probe at d_train = 4, c = 1: R = 4 iterations, one forward pass, every k present
     assert sorted(k for k in m if k.startswith("loss_k")) == [f"loss_k{k}" for k in range(1, 5)]
     assert sorted(k for k in m if k.startswith("rms_k")) == [f"rms_k{k}" for k in range(1, 5)]
+    # device-seconds, the actual side of par_ray.cost's plan: one worker, one stage
+    assert m["gpu_seconds_train"] == m["train_seconds"] == m["gpu_seconds_stage0"] > 0
+    assert m["gpu_seconds_eval"] == m["eval_seconds_total"] > 0
     extra = json.loads((tmp_path / "final" / "extra.json").read_text())
     assert extra["step"] == 3 and extra["last_eval"]["acc_d4"] == m["acc_d4"] and extra["last_eval"]["G"] == m["G"]
     assert extra["config"] == json.loads(json.dumps(to_flat(tiny())))

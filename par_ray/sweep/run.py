@@ -638,6 +638,8 @@ def _run_analysis(sweep: str, tracker, out_dir: str | None) -> bool:
     report = report if isinstance(report, dict) else {}
     if report.get("main_table"):
         print("\n" + str(report["main_table"]))
+    if "plan_vs_actual" in report.get("tables", {}):  # what the trials used against par_ray.cost's plan
+        print(report["tables"]["plan_vs_actual"]["md"].read_text(encoding="utf-8"))
     for w in report.get("warnings", ()):
         print(f"analysis: {w}")
     where = f"in {out_dir}, " if out_dir is not None else ""

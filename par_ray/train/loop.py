@@ -61,8 +61,16 @@ lack it), fault injection, the collective timeout and ``train.compile`` (same ma
 written before it existed lack it). Every other field changes what is trained (a learning rate, the step count that
 shapes the LR schedule, the data), so a resume must match it."""
 
-TIMING_METRICS = ("step_time_s", "tokens_per_s", "peak_memory_mb", "train_seconds", "eval_seconds",
-                  "eval_seconds_total")
+
+class _Names(tuple):
+    """Metric names, where ``"prefix*"`` stands for every name with that prefix (``name in names``)."""
+
+    def __contains__(self, name) -> bool:
+        return any(name == n or (n.endswith("*") and str(name).startswith(n[:-1])) for n in self)
+
+
+TIMING_METRICS = _Names(("step_time_s", "tokens_per_s", "peak_memory_mb", "train_seconds", "eval_seconds",
+                         "eval_seconds_total", "gpu_seconds_train", "gpu_seconds_eval", "gpu_seconds_stage*"))
 """Reported metrics that measure the machine, not the model: they differ between runs of the same trial (world
 size, load), so parity tests compare every other metric."""
 
@@ -270,6 +278,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     flat = to_flat(cfg)
     start, train_seconds, eval_seconds, last_eval = 0, 0.0, 0.0, {}
+    stage_seconds = [0.0] * len(stages)  # training seconds per stage, carried across resumes
     checkpoint = ray.train.get_checkpoint()  # ray
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
@@ -281,6 +290,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             extra = engine.load(d)
         start, train_seconds, last_eval = extra["step"], extra["train_seconds"], extra.get("last_eval", {})
         eval_seconds = extra.get("eval_seconds_total", 0.0)  # absent in checkpoints that predate it
+        stage_seconds = extra.get("stage_seconds", stage_seconds)
         log(f"resumed from step {start}")
 
     window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
@@ -309,6 +319,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 f"training diverged at step {step + 1}: loss {res.loss} (rank {world.rank}, lr {engine.lr:g}, "
                 f"gradient norm {res.grad_norm}); lower train.lr or raise train.warmup_steps")
         train_seconds += res.seconds
+        stage_seconds[stage.index] += res.seconds
         window["loss"] += res.loss
         window["seconds"] += res.seconds
         window["tokens"] += res.tokens
@@ -343,6 +354,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 "peak_memory_mb": _peak_memory_mb(world.device),
                 "train_seconds": train_seconds,
                 "eval_seconds_total": eval_seconds,
+                **gpu_seconds(train_seconds, eval_seconds, stage_seconds, world.size),
                 "stage": stage.index,
                 **halt_train,
                 **last_eval,
@@ -354,7 +366,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
             if want_ckpt:
                 extra = {"step": done, "train_seconds": train_seconds, "eval_seconds_total": eval_seconds,
-                         "last_eval": last_eval, "config": flat, "report": metrics}
+                         "stage_seconds": stage_seconds, "last_eval": last_eval, "config": flat, "report": metrics}
                 _report_with_checkpoint(engine, metrics, extra, export_dir if is_last else None)
             else:
                 ray.train.report(metrics)  # ray
@@ -362,6 +374,16 @@ def train_loop_per_worker(loop_config: dict) -> None:
         # Resumed a finished run (the same config rerun): nothing to train. Report its final metrics again, with
         # its state, so the caller's Result and the export hold them as after the first run.
         _report_with_checkpoint(engine, extra["report"], extra, export_dir)
+
+
+def gpu_seconds(train_seconds: float, eval_seconds: float, stage_seconds: list[float],
+                world_size: int) -> dict[str, float]:
+    """Device-seconds the trial has used so far (this rank's wall seconds × ranks, one device each; CPU workers count
+    as devices): ``gpu_seconds_train`` (the training steps), ``gpu_seconds_stage{i}`` (per stage) and
+    ``gpu_seconds_eval`` (the evaluations). The actual side of ``par_ray.cost``'s plan (``python -m analysis``'s
+    plan-vs-actual table)."""
+    return {"gpu_seconds_train": train_seconds * world_size, "gpu_seconds_eval": eval_seconds * world_size,
+            **{f"gpu_seconds_stage{i}": s * world_size for i, s in enumerate(stage_seconds)}}
 
 
 def _report_with_checkpoint(engine, metrics: dict, extra: dict, export_dir: str | None) -> None:
