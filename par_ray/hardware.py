@@ -104,8 +104,8 @@ DEVICES: dict[str, Device] = {
     "H100": Device(80, 989.4, _DATASHEET.format("H100 SXM"),
                    (NODE_PRICES["p5.48xlarge"], NODE_PRICES["a3-highgpu-8g"])),
     "H200": Device(141, 989.4, _DATASHEET.format("H200 SXM")),
-    "CPU": Device(0, 0.179, "fp32 torch.mm at 2048^3, one thread, the development machine's Xeon (docs/experiments.md "
-                  "§11 machine notes; measure yours with benchmarks/bench_throughput.py and pass --prices)"),
+    "CPU": Device(0, 0.179, "fp32 torch.mm at 2048^3, one thread, the development machine's Xeon (README, Performance; "
+                  "measure yours with benchmarks/bench_throughput.py's matmul_peak and pass --prices)"),
 }
 """Ray accelerator type → :class:`Device`. ``CPU`` is the local preset's worker (one core per thread; no price)."""
 

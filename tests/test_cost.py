@@ -70,7 +70,7 @@ def test_training_step_flops_match_the_counter_on_tiny_qwen2(name):
     from par_ray.objectives import dense_class_offset
     from par_ray.stages import uses_halting
     from par_ray.tasks import build_task
-    from par_ray.train.step import train_step
+    from par_ray.train.step import build_step_loss, train_step
 
     cfg = _tiny(name)
     engine, task = _engine(cfg)
@@ -79,10 +79,10 @@ def test_training_step_flops_match_the_counter_on_tiny_qwen2(name):
         data = CotTask(data, cot_tokens(task.vocab_size))
     halt = halt_tokens(task, cfg.backbone) if uses_halting(cfg) else None
     shape = cost.trial_shape(cfg)
+    loss_fn = build_step_loss(cfg.recipe, data, halt=halt, dense_offset=dense_class_offset(task, cfg))
     for step in (0, 2):  # two draws of (d, R)
         with FlopCounterMode(display=False) as counter:
-            res = train_step(engine, data, cfg.task, cfg.recipe, 0, step, cfg.train.batch_size, halt=halt,
-                             dense_offset=dense_class_offset(task, cfg))
+            res = train_step(engine, data, cfg.task, loss_fn, 0, step, cfg.train.batch_size)
         lengths = cost._lengths(cfg.task, cfg.recipe.cot, res.plan.depth, 0, 1)[0]
         planned = cost.step_flops(cfg, cfg.recipe, shape, res.plan.depth, res.plan.R, lengths, data.op_width)
         assert close(planned, counter.get_total_flops()), (name, res.plan, planned, counter.get_total_flops())
