@@ -245,15 +245,13 @@ def eval_flops(cfg: TrialConfig, rc: RecipeConfig, shape: ModelShape, world: int
 
 
 def model_vocab(cfg: TrialConfig) -> int | None:
-    """The vocabulary the trial's model is built with (``train.loop``): ``None`` for a pretrained checkpoint (its
-    own), else the task's + halting tokens + the CoT trace's + dense classes."""
+    """The vocabulary the trial's model is built with (``par_ray.trial.VocabLayout``): ``None`` for a pretrained
+    checkpoint (its own), else task | halting | CoT | dense classes."""
     if cfg.backbone.pretrained:
         return None
-    from par_ray.objectives import dense_class_offset, dense_classes
-    from par_ray.tasks import build_task
+    from par_ray.trial import resolve
 
-    task = build_task(cfg.task)
-    return dense_class_offset(task, cfg) + dense_classes(task, cfg.recipe)
+    return resolve(cfg).vocab.size
 
 
 def trial_shape(cfg: TrialConfig) -> ModelShape:
@@ -266,14 +264,14 @@ def checkpoint_bytes_written(cfg: TrialConfig, num_params: int | None = None) ->
     the strategy's format (``par_ray.train.strategies``): ddp/fsdp fp32 model + AdamW m, v (16 B per parameter);
     DeepSpeed in bf16 the bf16 module + fp32 master, m, v (14 B), in fp32 12 B; the EMA teacher, fp32, 4 B more.
     ``num_params`` default: the planner's count of the trial's model."""
-    from par_ray.distill import uses_ema
+    from par_ray.trial import resolve
 
     tr = cfg.train
     psi = num_params if num_params is not None else model_shape(
         cfg.backbone.name, cfg.backbone.split, tied=cfg.recipe.tied, untied_copies=cfg.recipe.max_iterations,
         vocab_size=model_vocab(cfg)).total_params
     per_param = 16 if tr.strategy != "deepspeed" else (14 if tr.use_gpu else 12)
-    per_param += 4 if uses_ema(cfg) else 0
+    per_param += 4 if resolve(cfg).ema else 0
     every = tr.checkpoint_every
     count = 1 if not every else tr.steps // every + (1 if tr.steps % every else 0)
     return count * per_param * psi

@@ -44,17 +44,15 @@ def close(plan: float, counted: float) -> bool:
 # tiny-qwen2 on CPU: the real training step and evaluation
 
 def _engine(cfg):
-    from par_ray.distill import uses_ema
     from par_ray.model.looped import build_looped
-    from par_ray.objectives import dense_class_offset, dense_classes
     from par_ray.tasks import build_task
     from par_ray.train.strategies import World, prepare
+    from par_ray.trial import resolve
 
-    task = build_task(cfg.task)
+    trial = resolve(cfg)
     torch.manual_seed(0)
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=dense_class_offset(task, cfg)
-                         + dense_classes(task, cfg.recipe))
-    return prepare(model, cfg.train, World(), ema=uses_ema(cfg)), task
+    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=trial.vocab.size)
+    return prepare(model, cfg.train, World(), ema=trial.ema), build_task(cfg.task)
 
 
 def _tiny(name: str):
@@ -67,19 +65,18 @@ def _tiny(name: str):
 def test_training_step_flops_match_the_counter_on_tiny_qwen2(name):
     from par_ray.cot import CotTask, cot_tokens
     from par_ray.halting import halt_tokens
-    from par_ray.objectives import dense_class_offset
-    from par_ray.stages import uses_halting
     from par_ray.tasks import build_task
     from par_ray.train.step import build_step_loss, train_step
+    from par_ray.trial import resolve
 
     cfg = _tiny(name)
     engine, task = _engine(cfg)
     data = build_task(cfg.task, train=True)
     if cfg.recipe.cot:
-        data = CotTask(data, cot_tokens(task.vocab_size))
-    halt = halt_tokens(task, cfg.backbone) if uses_halting(cfg) else None
+        data = CotTask(data, cot_tokens(resolve(cfg).vocab.cot_offset))
+    halt = halt_tokens(task, cfg.backbone) if resolve(cfg).halting else None
     shape = cost.trial_shape(cfg)
-    loss_fn = build_step_loss(cfg.recipe, data, halt=halt, dense_offset=dense_class_offset(task, cfg))
+    loss_fn = build_step_loss(cfg.recipe, data, halt=halt, dense_offset=resolve(cfg).vocab.dense_offset)
     for step in (0, 2):  # two draws of (d, R)
         with FlopCounterMode(display=False) as counter:
             res = train_step(engine, data, cfg.task, loss_fn, 0, step, cfg.train.batch_size)
@@ -91,12 +88,12 @@ def test_training_step_flops_match_the_counter_on_tiny_qwen2(name):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_evaluation_flops_match_the_counter_on_tiny_qwen2(name):
     from par_ray.halting import halt_tokens
-    from par_ray.stages import uses_halting
     from par_ray.train.loop import eval_metrics
+    from par_ray.trial import resolve
 
     cfg = _tiny(name)
     engine, task = _engine(cfg)
-    halt = halt_tokens(task, cfg.backbone) if uses_halting(cfg) else None
+    halt = halt_tokens(task, cfg.backbone) if resolve(cfg).halting else None
     with FlopCounterMode(display=False) as counter:
         eval_metrics(engine, task, cfg, cfg.recipe, halt)  # accuracy (or CoT decoding), halting, probe
     planned = cost.eval_flops(cfg, cfg.recipe, cost.trial_shape(cfg))
