@@ -23,6 +23,7 @@ torch or transformers' model code; :func:`load_tokenizer` imports transformers' 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import typing
@@ -170,3 +171,17 @@ def parent_tokenizer(backbone_cfg, model_dir: str | None = None):
     if backbone_cfg.pretrained is None:
         return None
     return load_tokenizer(backbone_cfg.pretrained, backbone_cfg.name, model_dir)
+
+
+def resolved_backbone(backbone_cfg, model_dir: str | None = None):
+    """``backbone_cfg`` (a ``BackboneConfig``) with ``pretrained`` replaced by its local checkpoint directory
+    (:func:`resolve_pretrained`, weights and config only), unchanged for a random-init backbone. What the training
+    loop and ``load_trained`` pass to ``build_looped``, so the model package reads local directories only.
+
+    Raises:
+        ValueError: as :func:`resolve_pretrained`.
+    """
+    if backbone_cfg.pretrained is None:
+        return backbone_cfg
+    return dataclasses.replace(backbone_cfg, pretrained=resolve_pretrained(backbone_cfg.pretrained, backbone_cfg.name,
+                                                                           model_dir, tokenizer=False))

@@ -95,7 +95,8 @@ def test_incomplete_or_wrong_size_checkpoints_are_refused(tmp_path, write_checkp
 
 
 def test_a_hub_id_in_the_cache_loads_weights_and_tokenizer_offline(tmp_path, monkeypatch, write_checkpoint):
-    """backbones.load and the halting/prompt tokenizer read a hub id from the cache, with no network
+    """The model build (hub id resolved by weights.resolved_backbone, then backbones.load) and the halting/prompt
+    tokenizer read a hub id from the cache, with no network
     (HF_HUB_OFFLINE=1 in the tests) and the same weights as the directory it was saved to."""
     from par_ray.model import backbones
 
@@ -109,10 +110,13 @@ def test_a_hub_id_in_the_cache_loads_weights_and_tokenizer_offline(tmp_path, mon
             os.symlink(tmp_path / "tok" / name, src / name)
     _hub_cache(tmp_path / "cache", "org/tiny", {n: str(src / n) for n in os.listdir(src)})
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
-    loaded = backbones.load("tiny-qwen2", pretrained="org/tiny")
+    local = weights.resolved_backbone(BackboneConfig(name="tiny-qwen2", pretrained="org/tiny"))
+    loaded = backbones.load("tiny-qwen2", pretrained=local.pretrained)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
     tok = weights.parent_tokenizer(BackboneConfig(name="tiny-qwen2", pretrained="org/tiny"))
     assert tok.encode(" Yes", add_special_tokens=False) == [7414]
     assert weights.parent_tokenizer(BackboneConfig()) is None
     with pytest.raises(ValueError, match="tiny-qwen2 weights 'org/missing' not found"):
-        backbones.load("tiny-qwen2", pretrained="org/missing")
+        weights.resolved_backbone(BackboneConfig(name="tiny-qwen2", pretrained="org/missing"))
+    with pytest.raises(ValueError, match="not a local checkpoint directory"):
+        backbones.load("tiny-qwen2", pretrained="org/tiny")  # the model package reads local directories only

@@ -33,7 +33,6 @@ from transformers.models.qwen2.modeling_qwen2 import rotate_half  # Qwen3's is t
 
 from par_ray.config import ATTN_IMPLEMENTATIONS  # transformers attention implementations allowed; first = default
 from par_ray.model.registry import BACKBONES, BackboneSpec, get_spec  # re-exported: the registry's public names
-from par_ray.weights import resolve_pretrained
 
 
 def load(
@@ -49,8 +48,8 @@ def load(
     Args:
         name: registry key (architecture).
         pretrained: ``None`` for random init from the registry config (seeded by the caller's torch RNG); otherwise a
-            local directory holding ``config.json`` + ``*.safetensors``, or a hub id found in the local hub cache
-            (``par_ray.weights.resolve_pretrained``), loaded with ``from_pretrained(use_safetensors=True,
+            local directory holding ``config.json`` + ``*.safetensors`` (a hub id is resolved to its local copy
+            by the caller: ``par_ray.weights.resolved_backbone``), loaded with ``from_pretrained(use_safetensors=True,
             trust_remote_code=False, local_files_only=True)``.
         dtype: parameter dtype.
         device: where to allocate; ``"meta"`` builds shapes only (parameter counts, memory plans).
@@ -65,11 +64,17 @@ def load(
         raise ValueError(f"backbone.attn_implementation: {attn_implementation!r} is not one of "
                          f"{list(ATTN_IMPLEMENTATIONS)}")
     if pretrained is not None:
-        # offline first: a hub id is read from the local cache / model directory, never downloaded (par_ray.weights);
-        # its files, family and sizes are checked against the registry there
-        path = resolve_pretrained(pretrained, name, tokenizer=False)
+        # offline first: callers resolve a hub id to its local directory (par_ray.weights.resolved_backbone) before
+        # building; here the directory's family and sizes are checked against the registry
+        path = os.path.expanduser(pretrained)
+        if not os.path.isdir(path):
+            raise ValueError(f"backbone.pretrained: {pretrained!r} is not a local checkpoint directory; resolve a hub "
+                             f"id to the local cache first (par_ray.weights.resolved_backbone)")
         config = AutoConfig.from_pretrained(path, trust_remote_code=False, attn_implementation=attn_implementation,
                                             local_files_only=True)
+        problems = spec.mismatches(config.to_dict())
+        if problems:
+            raise ValueError(f"backbone.pretrained: {name} checkpoint {path} cannot be loaded: {'; '.join(problems)}")
         return load_checkpoint(path, config, dtype, device or "cpu")
     config = spec.build_config(attn_implementation=attn_implementation, **config_overrides)
     with torch.device(device or "cpu"):

@@ -37,6 +37,7 @@ import torch
 
 from par_ray.config import TrialConfig, from_flat
 from par_ray.trial import resolve
+from par_ray.weights import resolved_backbone
 
 EXTRA_FILE = "extra.json"
 """The loop's bookkeeping (step, time, flat config), JSON, written by rank 0 beside every format's state."""
@@ -314,7 +315,7 @@ def load_trained(path: str) -> Trained:
     directory = resolve_checkpoint_dir(path)
     cfg = stored_config(directory)
     # the vocabulary the training loop built: task | halting | CoT | dense classes (par_ray.trial.VocabLayout)
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=resolve(cfg).vocab.size)
+    model = build_looped(resolved_backbone(cfg.backbone), cfg.recipe, vocab_size=resolve(cfg).vocab.size)
     wanted = model.state_dict().keys()
     # DeepSpeed's merged state may also list buffers the module does not save; every saved key must be present.
     state = {k: v for k, v in model_state_dict(directory, model).items() if k in wanted}

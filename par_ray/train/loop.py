@@ -41,7 +41,7 @@ from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens, trial_cot_to
 from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics, rank_chunks
 from par_ray.halting import halt_tokens
 from par_ray.prompts import render
-from par_ray.weights import parent_tokenizer
+from par_ray.weights import parent_tokenizer, resolved_backbone
 from par_ray.objectives import par_loss
 from par_ray.schedules import iterations_at, plan_step
 from par_ray.tasks import build_task
@@ -272,7 +272,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     halt = halt_tokens(task, tokenizer) if trial.halting else None
     torch.manual_seed(tc.seed)  # identical init on every rank
     # built on the worker's device: a pretrained parent goes from its files straight there (backbones.load_checkpoint)
-    model = build_looped(cfg.backbone, cfg.recipe, vocab_size=vocab.size,  # task | halting | CoT | dense classes
+    model = build_looped(resolved_backbone(cfg.backbone), cfg.recipe, vocab_size=vocab.size,  # task | halting | CoT | dense classes
                          device=world.device)
     engine = prepare(model, tc, world, ema=trial.ema)  # the PSD EMA teacher, if a stage distills from one
 
