@@ -4,7 +4,7 @@
 - experiment ``par_ray/<sweep name>`` (:func:`experiment_name`), tagged :data:`TAG_EXPERIMENT_KIND` =
   :data:`EXPERIMENT_KIND`;
 - parent run per sweep: :data:`TAG_ROLE` = :data:`ROLE_SWEEP`, :data:`TAG_SWEEP`, :data:`TAG_EXPERIMENT_PATH`,
-  :data:`TAG_GIT_COMMIT`;
+  :data:`TAG_GIT_COMMIT`, :data:`TAG_PRESET`, :data:`TAG_SMOKE_TEST`;
 - child run per trial: :data:`TAG_PARENT`, :data:`TAG_ROLE` = :data:`ROLE_TRIAL`, and :data:`TRIAL_TAGS` (trial id,
   recipe, backbone, task, seed, git commit); params = ``par_ray.config.to_flat(cfg)`` (keys ``section.field``);
 - metrics: the loop's reports at ``step=`` the optimizer step (keys in :data:`METRIC_RENAMES` renamed); per test
@@ -36,6 +36,10 @@ TAG_ROLE = "par_ray.role"
 ROLE_SWEEP = "sweep"
 ROLE_TRIAL = "trial"
 TAG_SWEEP = "par_ray.sweep"
+TAG_PRESET = "par_ray.preset"
+"""The sweep's preset (``local`` or ``paper``), on the parent run."""
+TAG_SMOKE_TEST = "par_ray.smoke_test"
+"""``true`` on the parent run of a ``--smoke-test`` sweep."""
 TAG_EXPERIMENT_PATH = "par_ray.experiment_path"
 """The Tune experiment directory, which identifies a sweep on ``--resume``."""
 TAG_PARENT = "mlflow.parentRunId"

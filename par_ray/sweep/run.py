@@ -36,6 +36,7 @@ from par_ray.cost import trial_cost
 from par_ray.hardware import load_table
 from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
                                 build_plan, cells_of, count_trials, missing_weights, resolve, trial_label)
+from par_ray.tracking_schema import TAG_PRESET, TAG_SMOKE_TEST, depth_metric, experiment_name
 
 STATUS_EVERY_S = 300
 """Seconds between Tune's status tables (one also comes first and last); progress lines come at every report."""
@@ -350,7 +351,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
 
     tracker = tracking.SweepTracker.open(
         spec.name, experiment_path, uri, params=_sweep_params(plan, opts),
-        tags={"par_ray.preset": plan.preset, "par_ray.smoke_test": str(opts.smoke_test).lower()})
+        tags={TAG_PRESET: plan.preset, TAG_SMOKE_TEST: str(opts.smoke_test).lower()})
     print(f"MLflow: {uri} (experiment {tracking.experiment_name(spec.name)}, parent run {tracker.parent_run_id})",
           flush=True)
 
@@ -602,7 +603,8 @@ def print_summary(results, plan: Plan) -> tuple[list[dict[str, typing.Any]], dic
             cfg = resolve(r.config, plan.spec.extra_recipes)
             rows.append({"task": cfg.task.name, "recipe": cfg.recipe.name, "backbone": cfg.backbone.name,
                          "seed": cfg.train.seed, "G": float(m["G"]), "G_censored": float(m.get("G_censored", 0.0)),
-                         **{f"acc_d{d}": float(m[f"acc_d{d}"]) for d in cfg.eval.depths if f"acc_d{d}" in m}})
+                         **{depth_metric("acc", d): float(m[depth_metric("acc", d)]) for d in cfg.eval.depths
+                            if depth_metric("acc", d) in m}})
     print("\ntrials: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     if plan.metric is not None and rows:
         best = results.get_best_result(metric=plan.metric, mode=plan.mode, filter_nan_and_inf=True)
@@ -615,7 +617,7 @@ def print_summary(results, plan: Plan) -> tuple[list[dict[str, typing.Any]], dic
 def _run_analysis(sweep: str, tracker, out_dir: str | None) -> bool:
     """``analysis.analyze`` on this sweep's parent run: prints its main table (accuracy by depth and G, mean ± std
     over seeds) and logs its tables and plots to the parent run. Never fails the sweep; False when it did not run."""
-    rerun = f"python -m analysis --experiment par_ray/{sweep}"
+    rerun = f"python -m analysis --experiment {experiment_name(sweep)}"
     try:
         # analysis.report, not the package: a stale editable install can make `analysis` a namespace package
         from analysis.report import analyze
@@ -630,7 +632,7 @@ def _run_analysis(sweep: str, tracker, out_dir: str | None) -> bool:
         prefix="par_ray_analysis_")
     with folder as out:
         try:
-            report = analyze(f"par_ray/{sweep}", parent_run_id=tracker.parent_run_id, tracking_uri=tracker.uri,
+            report = analyze(experiment_name(sweep), parent_run_id=tracker.parent_run_id, tracking_uri=tracker.uri,
                              out_dir=out)
         except Exception as e:  # noqa: BLE001 - the runs are tracked already; rerun with python -m analysis
             print(f"analysis failed ({type(e).__name__}: {e}); rerun: {rerun}", file=sys.stderr)

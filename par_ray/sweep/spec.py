@@ -17,6 +17,7 @@ from par_ray import presets
 from par_ray.config import TrialConfig, flat_value, from_flat
 from par_ray.model.registry import BACKBONES
 from par_ray.recipes import RECIPES, apply_recipe
+from par_ray.tracking_schema import depth_metric
 from par_ray.trial import validate
 from par_ray.weights import local_pretrained, weights_errors
 
@@ -395,8 +396,8 @@ def _check_metric(metric: str, mode: str, cfgs: list[TrialConfig]) -> tuple[str,
     if metric == "acc_longest":
         if len(depths) != 1:
             raise SweepConfigError(f"--metric acc_longest: trials test different depths {sorted(depths)}")
-        metric = f"acc_d{max(next(iter(depths)))}"
-    eval_metrics = {"G"} | {f"{k}_d{d}" for ds in depths for d in ds for k in ("acc", "acc_query")}
+        metric = depth_metric("acc", max(next(iter(depths))))
+    eval_metrics = {"G"} | {depth_metric(k, d) for ds in depths for d in ds for k in ("acc", "acc_query")}
     allowed = sorted(eval_metrics | {"loss", "train_acc"}) + list(METRIC_ALIASES)
     if metric not in allowed:
         raise SweepConfigError(f"--metric: {metric!r} is not one of {allowed}")
