@@ -252,6 +252,10 @@ class EvalConfig:
     for no extra rule."""
     halt_max_iterations: int = 0
     """R_max: iteration cap of halting evaluation (never halted → answered at R_max); 0 = 2 × max(depths) / c."""
+    best_r: bool = False
+    """The paper's RLT row, "best R per depth": read out each test depth at every R_m = round(m · ⌈d/c⌉) for m in
+    ``par_ray.evaluation.BEST_R_MULTIPLES`` (one forward to the largest) and report the best R_m's accuracy as
+    ``acc_d{D}``, with ``best_R_d{D}`` (the ``rlt`` recipe sets it)."""
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,11 @@ def sum_over_test_sets(task, eval_cfg, chunk_counts: Callable, device: torch.dev
     return results
 
 
+BEST_R_MULTIPLES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
+"""Multiples m of ⌈d/c⌉ read out by the best-R evaluation (``eval.best_r``: the paper's RLT row, "best R per depth"):
+from half the iterations the depth needs to twice as many."""
+
+
 @torch.no_grad()
 def accuracy_by_depth(
     model_fn,
@@ -119,8 +124,14 @@ def accuracy_by_depth(
     world_size: int = 1,
     reduce_sum=lambda t: t,
     fixed_iterations: int = 0,
+    r_multiples: tuple[float, ...] = (),
 ) -> dict[int, dict[str, float]]:
     """Accuracy at each test depth with R = ceil(d / c), read out once after iteration R (paper §4.2).
+
+    With ``r_multiples`` (:data:`BEST_R_MULTIPLES` under ``eval.best_r``, the paper's RLT row, "best R per depth"):
+    one forward per batch
+    to the largest of R_m = max(1, round(m · ceil(d / c))) reads out every R_m, and each depth reports the R_m with
+    the best full-state accuracy (ties: the smallest R).
 
     Args:
         model_fn: ``(input_ids_BT, read_positions_Q, R, grad_window, stretch, read) -> LoopedOutput`` — the
@@ -131,20 +142,31 @@ def accuracy_by_depth(
         reduce_sum: sums a tensor over ranks (identity on one rank).
         fixed_iterations: > 0: R = this at every depth (``recipe.fixed_iterations``, the fixed-R baselines).
     Returns:
-        ``{d: {"acc": full-state accuracy, "acc_query": per-query accuracy}}``, fractions in [0, 1].
+        ``{d: {"acc": full-state accuracy, "acc_query": per-query accuracy}}``, fractions in [0, 1]; with
+        ``r_multiples`` also ``"R"`` (the best R) and ``"acc_by_R"`` (``{R_m: full-state accuracy}``), ``acc`` and
+        ``acc_query`` then being those of the best R.
     """
-    def counts(depth: int, ep, ids_BT: torch.Tensor, answers_BQ: torch.Tensor) -> torch.Tensor:
+    def Rs(depth: int) -> tuple[int, ...]:
         R = iterations_at(depth, ops_per_iteration, fixed_iterations)
-        logits_BQV = model_fn(ids_BT, ep.read_positions.to(device), R, None, 1.0, "last").logits_KBQV[-1]
-        right_BQ = logits_BQV.argmax(-1) == answers_BQ
-        # full-state right, queries right, sequences
-        return torch.stack([right_BQ.all(-1).sum(), right_BQ.float().mean(-1).sum(),
-                            torch.tensor(ids_BT.shape[0], device=device)]).double()
+        return tuple(sorted({max(1, round(m * R)) for m in r_multiples})) if r_multiples else (R,)
+
+    def counts(depth: int, ep, ids_BT: torch.Tensor, answers_BQ: torch.Tensor) -> torch.Tensor:
+        reads = Rs(depth)
+        read = reads if r_multiples else "last"
+        logits_KBQV = model_fn(ids_BT, ep.read_positions.to(device), reads[-1], None, 1.0, read).logits_KBQV
+        right_KBQ = logits_KBQV.argmax(-1) == answers_BQ
+        # per read R: full-state right, queries right, sequences
+        n_K = torch.full((len(reads),), ids_BT.shape[0], device=device)
+        return torch.stack([right_KBQ.all(-1).sum(-1), right_KBQ.float().mean(-1).sum(-1), n_K], dim=-1).double()
 
     results: dict[int, dict[str, float]] = {}
-    for depth, (c_3,) in sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum).items():
-        n = c_3[2].clamp_min(1)
-        results[depth] = {"acc": (c_3[0] / n).item(), "acc_query": (c_3[1] / n).item()}
+    for depth, (c_K3,) in sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum).items():
+        n_K = c_K3[:, 2].clamp_min(1)
+        acc_K = (c_K3[:, 0] / n_K).tolist()
+        best = max(range(len(acc_K)), key=lambda i: (acc_K[i], -i))  # the best accuracy, then the smallest R
+        results[depth] = {"acc": acc_K[best], "acc_query": (c_K3[best, 1] / n_K[best]).item()}
+        if r_multiples:
+            results[depth].update(R=Rs(depth)[best], acc_by_R=dict(zip(Rs(depth), acc_K)))
     return results
 
 

@@ -3,8 +3,9 @@
 ``local``: tiny Qwen2/Qwen3 shapes that learn on a 2-core CPU (issue "PAR core"), d_train 6, evaluated to 8× the train
 length.
 ``paper``: the paper's protocol on real Qwen sizes at each task's paper depths (``par_ray.tasks.PAPER_DEPTHS``;
-the permutation tasks: d_train 32, evaluation to 16×), bf16 on GPUs, its strategy and GPU count chosen by the memory
-planner: for an 80 GB GPU of any type, or per GPU type (``--gpu-types``: the cheapest type the trial fits).
+S5 / A5: d_train 16, evaluation to 256 = 16×), bf16 on GPUs, its strategy and GPU count chosen by the memory
+planner per GPU type (``--gpu-types``: the cheapest type the trial fits; default :data:`PAPER_GPU_TYPE`, 80 GB), and
+the trial asks Ray for that type.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def _hub_name(backbone: str) -> str | None:
 
 
 def paper_trial(backbone: str = "qwen2.5-0.5b", task: str = "swap_s5", seed: int = 0) -> TrialConfig:
-    """The paper's protocol: the task's paper depths (``par_ray.tasks.PAPER_DEPTHS``: for the permutation tasks
-    d_train 32, tests 32…512, i.e. 16×), 1,024 sequences per depth, bf16 on GPUs. Raises ``ValueError`` for an
+    """The paper's protocol: the task's paper depths (``par_ray.tasks.PAPER_DEPTHS``: S5 / A5 d_train 16, tests
+    16…256; swap-S5 32…512; 16× either way), 1,024 sequences per depth, bf16 on GPUs. Raises ``ValueError`` for an
     unknown task."""
     from par_ray.tasks import PAPER_DEPTHS, get_task
 
@@ -57,8 +58,8 @@ def paper_trial(backbone: str = "qwen2.5-0.5b", task: str = "swap_s5", seed: int
     depths = PAPER_DEPTHS[task]
     return TrialConfig(
         task=TaskConfig(name=task, train_depth=depths.train_depth, min_train_depth=depths.min_train_depth),
-        # PAR retrofits the *pretrained* parent: the paper preset loads the hub checkpoint (a cluster node with hub
-        # access or a local mirror; override with backbone.pretrained=PATH).
+        # PAR retrofits the *pretrained* parent: the hub id, resolved offline to a local checkpoint (--model-dir or
+        # the hub cache, par_ray.weights; override with backbone.pretrained=PATH).
         backbone=BackboneConfig(name=backbone, pretrained=_hub_name(backbone)),
         recipe=RecipeConfig(grad_window=8, max_iterations=64),
         train=TrainConfig(steps=5000, batch_size=64, lr=1e-4, warmup_steps=200, seed=seed, use_gpu=True,
@@ -75,9 +76,12 @@ PRESETS = {"local": local_trial, "paper": paper_trial}
 PRESET_BACKBONES = {"local": LOCAL_BACKBONES, "paper": PAPER_BACKBONES}
 """Backbones a sweep runs by default under each preset."""
 
+PAPER_GPU_TYPE = "H100"
+"""The GPU type the paper preset plans for when no GPU types are given (80 GB); the trial then asks Ray for that type
+(``train.accelerator_type``), not for any GPU: a trial sized for 80 GB must not land on a 24 GB L4 or a 48 GB L40S
+of the same cluster. Another 80 GB type: ``--gpu-types A100-80G``."""
 PAPER_GPU_MEMORY_GB = 80.0
-"""The GPU the paper preset plans for when no GPU types are given (A100/H100 80 GB); the trial then asks Ray for a
-GPU of any type."""
+"""Memory of :data:`PAPER_GPU_TYPE`, GB."""
 PAPER_HEADROOM = 0.9
 """Plan to 90 % of the card: the planner is within ~1 % of measurement on CPU, but unmeasured on GPU (allocator
 fragmentation, CUDA context, NCCL buffers)."""
@@ -126,7 +130,7 @@ def fit_parallelism(cfg: TrialConfig, gpu_types: typing.Sequence[str] = ()) -> d
     window as configured. ``gpu_types`` (:func:`gpu_targets`, cheapest first, e.g. ``("L40S:4", "H100")``): the
     first GPU type, then within it the first of :data:`PAPER_PARALLELISM_CANDIDATES` (up to the type's GPU cap), that
     fits ``PAPER_HEADROOM`` × that type's memory, with ``"train.accelerator_type": type``. Empty: the first candidate
-    that fits ``PAPER_HEADROOM`` × :data:`PAPER_GPU_MEMORY_GB`, on a GPU of any type (no accelerator type).
+    that fits ``PAPER_HEADROOM`` × :data:`PAPER_GPU_MEMORY_GB` on :data:`PAPER_GPU_TYPE`, with that accelerator type.
     DeepSpeed candidates are skipped for an untied core (``recipe.tied=False``), which it cannot train.
     Raises ``ValueError`` naming ``backbone.name`` and the GPU types if nothing fits, or :func:`gpu_targets`'s error.
     """
@@ -135,7 +139,7 @@ def fit_parallelism(cfg: TrialConfig, gpu_types: typing.Sequence[str] = ()) -> d
     from par_ray.trial import resolve
 
     trial = resolve(cfg)  # the candidates change only train.*, which the stages and vocabulary do not read
-    targets = gpu_targets(gpu_types) or [("", PAPER_GPU_MEMORY_GB, None)]
+    targets = gpu_targets(gpu_types or (PAPER_GPU_TYPE,))
     for gpu, gb, most in targets:
         for strategy, n, stage in PAPER_PARALLELISM_CANDIDATES:
             if (most is not None and n > most) or (strategy == "deepspeed" and not cfg.recipe.tied):
@@ -143,8 +147,8 @@ def fit_parallelism(cfg: TrialConfig, gpu_types: typing.Sequence[str] = ()) -> d
             candidate = with_overrides(cfg, train={"strategy": strategy, "num_workers": n, "zero_stage": stage})
             if plan_trial(candidate, trial).fits(gb * PAPER_HEADROOM):
                 return {"train.strategy": strategy, "train.num_workers": n, "train.zero_stage": stage,
-                        **({"train.accelerator_type": gpu} if gpu else {})}
-    on = f"GPU types {list(gpu_types)}" if gpu_types else f"{PAPER_GPU_MEMORY_GB:g} GB GPUs"
+                        "train.accelerator_type": gpu}
+    on = f"GPU types {list(gpu_types or (PAPER_GPU_TYPE,))}"
     raise ValueError(f"backbone.name: {cfg.backbone.name!r} (recipe {cfg.recipe.name!r}, task {cfg.task.name!r}) "
                      f"fits none of {PAPER_PARALLELISM_CANDIDATES} on {on} (python -m par_ray.planner --table)")
 
@@ -157,7 +161,7 @@ def paper_parallelism(backbone: str, task: str = "swap_s5", gpu_types: typing.Se
     Per-GPU peak: ``par_ray.planner.plan_trial`` (bf16, the paper trial's R, gradient window, global batch split over
     the GPUs, the task's prompt length and read positions at d_train, the checkpoint's vocabulary). Without
     ``gpu_types``: the first of :data:`PAPER_PARALLELISM_CANDIDATES` that fits :data:`PAPER_HEADROOM` ×
-    :data:`PAPER_GPU_MEMORY_GB`, on a GPU of any type. With ``gpu_types`` (cheapest first, e.g. ``("L40S:4",
+    :data:`PAPER_GPU_MEMORY_GB`, on :data:`PAPER_GPU_TYPE`. With ``gpu_types`` (cheapest first, e.g. ``("L40S:4",
     "H100")``, :func:`gpu_targets`): the first type, then the first candidate, that fits that type's memory. Raises
     ``ValueError`` naming the backbone (and the types) if none fits, or naming ``--gpu-types`` for an unknown type.
     """

@@ -17,7 +17,7 @@ A recipe is a plain function ``TrialConfig -> TrialConfig`` (torchtitan derives 
 | halt_readout  | stage recipe: the current recipe with the halting loss switched on               |
 | fixed_depth   | the parent itself: R = 1 at every step and test depth, final answer (baseline)   |
 | more_iterations | tied core, R = 2⌈d_train/c⌉ at every step and test depth, only z_d after R     |
-| rlt           | tied core, R = ⌈d/c⌉ (grows with d), only z_d after iteration R (Fan et al. 2024) |
+| rlt           | tied core, R = ⌈d/c⌉ (grows with d), only z_d after R (Fan et al. 2024); tested at the best R per depth |
 | cot           | explicit chain-of-thought: next-token training on the state trace, R = 1, greedy decoding |
 | psd_ema       | prefix self-distillation, final answers only, EMA teacher (decay 0.999) (§3)     |
 | psd_live      | prefix self-distillation, final answers only, the live student as teacher (§3)   |
@@ -35,7 +35,9 @@ window) and changes what R is and which iteration is supervised (``recipe.fixed_
   trained): R = ⌈d/c⌉ per step and per test depth, as PAR, but only iteration R is supervised, with z_d — no target
   ties iteration k to the state after k operations. It differs from ``more_iterations`` in R (it grows with d, so
   deeper tests get more iterations) and from ``final_answer`` in supervising only the last iteration rather than
-  every iteration in the window.
+  every iteration in the window. Tested as the paper's RLT row, "best R per depth" (``eval.best_r``): each test
+  depth is read out at R = round(m · ⌈d/c⌉) for m in ``par_ray.evaluation.BEST_R_MULTIPLES`` and reports the best
+  (``acc_d{D}``) and which R (``best_R_d{D}``).
 - ``untied``: the paper's deeper model with a 4× core: the core's layers followed by 3 independent copies (all
   initialised from the parent's core), run once each — a 4×-deep feed-forward core, R = 4 at every depth — trained
   on the final answer after the 4th copy. Before issue 12 it was one copy per trained iteration (⌈d_train/c⌉ copies,
@@ -144,7 +146,8 @@ def more_iterations(cfg: TrialConfig) -> TrialConfig:
 
 
 def rlt(cfg: TrialConfig) -> TrialConfig:
-    return _final_after_last(cfg, "rlt", 0)
+    # evaluated as the paper's RLT row: the best R per test depth (eval.best_r, par_ray.evaluation.BEST_R_MULTIPLES)
+    return with_overrides(_final_after_last(cfg, "rlt", 0), eval={"best_r": True})
 
 
 def untied(cfg: TrialConfig) -> TrialConfig:

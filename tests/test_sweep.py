@@ -90,12 +90,13 @@ def test_every_shipped_sweep_fits_the_gpu_types_of_the_shipped_clusters(path, gp
 @pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
 def test_every_shipped_paper_trial_fits_an_80_gb_gpu_without_gpu_types(path):
     """Without ``--gpu-types`` the parallelism is still chosen for each trial as it runs (its recipe counted: a CoT
-    trace, untied copies, an EMA teacher), not only for the preset's ``par`` base trial."""
+    trace, untied copies, an EMA teacher), not only for the preset's ``par`` base trial, on the default type
+    (H100), which each trial asks Ray for."""
     from par_ray.planner import plan_trial
 
     plan = sweep.build_plan(_load(path).SPEC, Options(preset="paper"), "paper")
     for _, cfg in plan.trials:
-        assert cfg.train.accelerator_type == ""
+        assert cfg.train.accelerator_type == presets.PAPER_GPU_TYPE
         assert plan_trial(cfg).fits(presets.PAPER_HEADROOM * presets.PAPER_GPU_MEMORY_GB), trial_label(cfg)
 
 
@@ -204,7 +205,7 @@ def test_gpu_types_are_refused_without_the_paper_preset_before_ray_starts(tmp_pa
 
 def test_gpu_types_choose_each_trials_card_and_reach_every_trial_driver():
     """Each trial takes the cheapest type its resolved config fits (the recipe counted); Tune's params carry the types,
-    so a trial driver resolving its params gets the same config. Without types the paper preset is as before."""
+    so a trial driver resolving its params gets the same config. Without types: the default type, H100."""
     spec = SweepSpec(name="x", recipes=("par", "cot"), seeds=(0,), backbones={"paper": ("qwen2.5-0.5b", "qwen2.5-7b")})
     plan = sweep.build_plan(spec, Options(gpu_types=("L40S:4", "H100")), "paper")
     chosen = {(c.recipe.name, c.backbone.name): (c.train.num_workers, c.train.accelerator_type) for _, c in plan.trials}
@@ -215,7 +216,7 @@ def test_gpu_types_choose_each_trials_card_and_reach_every_trial_driver():
     assert all(sweep.resolve(params) == cfg for params, cfg in plan.trials)
     untyped = sweep.build_plan(spec, Options(), "paper")
     assert sweep.GPU_TYPES_KEY not in untyped.param_space
-    assert {c.train.accelerator_type for _, c in untyped.trials} == {""}
+    assert {c.train.accelerator_type for _, c in untyped.trials} == {presets.PAPER_GPU_TYPE}
 
 
 def test_dry_run_names_each_trials_gpu_type(capsys, tmp_path, write_model_dir):
@@ -228,8 +229,8 @@ def test_dry_run_names_each_trials_gpu_type(capsys, tmp_path, write_model_dir):
     assert sweep.run_sweep(module.SPEC, opts) == 0
     out = capsys.readouterr().out
     assert "preset paper: 2 trials" in out
-    assert "| qwen2.5-0.5b | swap_s5 | 0 | ddp | 1 × L40S | 1 GPU on L40S nodes (workers)" in out
-    assert "| qwen2.5-7b | swap_s5 | 0 | fsdp | 4 × H100 | 4 GPU on H100 nodes (workers)" in out
+    assert "| qwen2.5-0.5b | s5 | 0 | ddp | 1 × L40S | 1 GPU on L40S nodes (workers)" in out
+    assert "| qwen2.5-7b | s5 | 0 | fsdp | 4 × H100 | 4 GPU on H100 nodes (workers)" in out
     assert "--gpu-types L40S:4,H100: each trial takes the first type" in out and "L40S 48 GB (at most 4" in out
 
 
@@ -285,9 +286,10 @@ def test_dry_run_paper_prints_the_plan_without_a_gpu_and_one_error_per_missing_b
     assert len(rows) == 7 * 3
     for backbone in presets.PAPER_BACKBONES:
         assert any(f"| {backbone} |" in row for row in rows)
-    assert "| fsdp | 4 | 4 GPU" in r.stdout and "| ddp | 1 | 1 GPU" in r.stdout  # planner-chosen (presets)
+    # planner-chosen (presets), on the type each trial asks Ray for
+    assert "| fsdp | 4 × H100 | 4 GPU on H100 nodes" in r.stdout and "| ddp | 1 × H100 | 1 GPU on H100" in r.stdout
     assert all(" GB (" in row for row in rows), rows[0]  # the planner's estimate per trial
-    assert "32,64,128,256,512" in rows[0]
+    assert all("| s5 |" in row and "16,32,64,128,256" in row for row in rows)  # S5, as the paper's Table 2
 
 
 def test_summary_counts_finished_failed_and_interrupted_trials(capsys):
@@ -585,7 +587,7 @@ def test_dry_run_of_the_halting_sweep_prints_rules_and_planner_memory(capsys, tm
     assert ("every trial: eval.halt_k=6, eval.halt_n=8, eval.halt_tau=0.5, "
             "eval.halt_rules=4/8/0.5,8/8/0.5,1/1/0.5,6/8/0.3,6/8/0.7") in out.splitlines()
     rows = [line for line in out.splitlines() if line.startswith("| ") and "| qwen2.5-0.5b |" in line]
-    assert len(rows) == 6 and all(" GB (" in row and "| ddp | 1 | 1 GPU" in row for row in rows)
+    assert len(rows) == 6 and all(" GB (" in row and "| ddp | 1 × H100 | 1 GPU" in row for row in rows)
     assert sum("| par_halt_posthoc |" in row for row in rows) == 3
 
 

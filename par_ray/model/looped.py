@@ -230,7 +230,7 @@ class LoopedLM(nn.Module):
         R: int,
         grad_window: int | None = None,
         stretch: float = 1.0,
-        read: str = "window",
+        read: str | tuple[int, ...] = "window",
         state_change: bool = False,
         reduce: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     ) -> LoopedOutput:
@@ -244,7 +244,8 @@ class LoopedLM(nn.Module):
                 ``torch.no_grad``, so activation memory grows with the window, not with R). ``None`` = all R.
             stretch: positional stretch factor s: position ids × s in prelude, core and coda alike (§3.4).
             read: which iterations to read out: ``window`` (those in the gradient window), ``last`` (iteration R
-                only), ``all`` (1..R).
+                only), ``all`` (1..R), or a tuple of iterations in 1..R (the best-R evaluation of
+                ``par_ray.evaluation.accuracy_by_depth``).
             state_change: also return each read iteration's per-token relative state change (the fixed-point loss
                 of ``recipe.fixed_point_weight``).
             reduce: ``(k, logits_BQV) -> tensor``, applied to each read-out iteration's logits as soon as they
@@ -258,11 +259,14 @@ class LoopedLM(nn.Module):
             raise ValueError(f"R: must be >= 1, got {R}")
         if grad_window is not None and grad_window < 1:
             raise ValueError(f"grad_window: must be >= 1, got {grad_window}")
-        if read not in ("window", "last", "all"):
-            raise ValueError(f"read: {read!r} is not one of ['window', 'last', 'all']")
+        if isinstance(read, tuple) and not (read and all(1 <= k <= R for k in read)):
+            raise ValueError(f"read: iterations {read!r} must be non-empty, each in 1..R={R}")
+        if not isinstance(read, tuple) and read not in ("window", "last", "all"):
+            raise ValueError(f"read: {read!r} is not one of ['window', 'last', 'all'] or a tuple of iterations")
         window = R if grad_window is None else min(grad_window, R)
         first_grad = R - window + 1  # 1-based first iteration that runs with autograd
-        to_read = {"window": range(first_grad, R + 1), "last": range(R, R + 1), "all": range(1, R + 1)}[read]
+        to_read = sorted(set(read)) if isinstance(read, tuple) else {
+            "window": range(first_grad, R + 1), "last": range(R, R + 1), "all": range(1, R + 1)}[read]
 
         x_BTH = self.embed_tokens(input_ids_BT)
         pos, mask = self._positions(x_BTH, stretch)

@@ -70,8 +70,8 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
     p.add_argument("--gpu-types", type=_gpu_types, default=(),
                    help=f"paper preset: the Ray accelerator types trials may run on, cheapest first, e.g. L40S:4,H100 "
                         f"(TYPE:N = at most N GPUs per trial, one node's worth); each trial takes the first type and "
-                        f"the fewest GPUs its planned memory fits. Types: {', '.join(GPU_MEMORY_GB)}. Default: any "
-                        f"GPU, planned for {presets.PAPER_GPU_MEMORY_GB:g} GB. With --preset auto it selects paper")
+                        f"the fewest GPUs its planned memory fits. Types: {', '.join(GPU_MEMORY_GB)}. Default: "
+                        f"{presets.PAPER_GPU_TYPE}. With --preset auto it selects paper")
     p.add_argument("--model-dir", default=os.environ.get("PAR_RAY_MODEL_DIR") or None, metavar="DIR",
                    help="paper preset: where the pretrained parents are (default $PAR_RAY_MODEL_DIR, set by "
                         "cluster/setup_node.sh), looked for before the hub cache ($HF_HOME): "

@@ -308,7 +308,7 @@ def print_plan(plan: Plan, train_storage: str, costs: SweepCost | None = None) -
               f"{f' ZeRO-{tr.zero_stage}' if tr.strategy == 'deepspeed' else ''} | {gpus} | {res} | "
               f"{tr.steps} | {cfg.task.train_depth} | {','.join(map(str, cfg.eval.depths))} | "
               f"{_memory_estimate(cfg)} |")
-    from par_ray.presets import PAPER_GPU_MEMORY_GB, PAPER_HEADROOM, gpu_targets
+    from par_ray.presets import PAPER_GPU_TYPE, PAPER_HEADROOM, gpu_targets
 
     gpu_types = str(plan.param_space.get(GPU_TYPES_KEY) or "")
     if gpu_types:
@@ -318,8 +318,8 @@ def print_plan(plan: Plan, train_storage: str, costs: SweepCost | None = None) -
               f"type, then the fewest GPUs, whose memory holds its planned peak within {PAPER_HEADROOM:.0%} ({sizes}). "
               f"A trial on more GPUs than one node of its type has runs across nodes; TYPE:N caps a type at N GPUs.")
     elif any(cfg.train.use_gpu for _, cfg in shown):
-        print(f"GPUs/workers: GPUs of any type, each trial planned for a {PAPER_GPU_MEMORY_GB:g} GB GPU (pass "
-              f"--gpu-types, e.g. L40S:4,H100, to choose the type per trial).")
+        print(f"GPUs/workers: GPU count × Ray accelerator type; without --gpu-types every trial is planned for, and "
+              f"asks Ray for, {PAPER_GPU_TYPE} (pass --gpu-types, e.g. L40S:4,H100, to choose the type per trial).")
     print(f"Ray reservation: the trial's Train workers, plus {DRIVER_RESOURCES['memory'] / 2**30:g} GiB of host RAM "
           f"for its driver (the Tune actor that waits on the TorchTrainer), not the trial's memory. Trial memory per "
           f"GPU: the planner's peak of one training step and of each evaluation (par_ray.planner), per worker.")

@@ -43,7 +43,7 @@ MODEL_DIR_KEY = "model_dir"
 """Tune param holding ``--model-dir`` (``""`` = none): where :func:`resolve` looks for a pretrained parent first
 (``par_ray.weights.find_checkpoint``), so every trial driver resolves the hub id to the same local directory."""
 GPU_TYPES_KEY = "gpu_types"
-"""Tune param holding ``--gpu-types`` (comma-joined, cheapest first; ``""`` = any GPU), which :func:`resolve`
+"""Tune param holding ``--gpu-types`` (comma-joined, cheapest first; ``""`` = ``presets.PAPER_GPU_TYPE``), which :func:`resolve`
 reads, so every trial driver and callback resolves the same config."""
 
 Recipe = typing.Callable[[TrialConfig], TrialConfig]
@@ -130,7 +130,7 @@ class Options:
     after the recipe, like ``SweepSpec.overrides``); recorded in the parent run and checked by ``--resume``."""
     gpu_types: tuple[str, ...] = ()
     """Paper preset only: the GPU types trials may run on, cheapest first (``"L40S"`` or ``"L40S:4"``: at most 4
-    GPUs per trial, one node's worth; ``par_ray.presets.gpu_targets``). Empty: any GPU, planned for 80 GB."""
+    GPUs per trial, one node's worth; ``par_ray.presets.gpu_targets``). Empty: ``presets.PAPER_GPU_TYPE`` (H100)."""
     model_dir: str | None = None
     """Where pretrained parents are looked for before the hub cache: ``DIR/<hub id>`` trees (``hf download ID
     --local-dir DIR/ID``) or a hub cache (``--cache-dir DIR``); see ``par_ray.weights``. A directory every node
@@ -174,7 +174,7 @@ def resolve(params: typing.Mapping[str, typing.Any], extra_recipes: typing.Mappi
     flat keys; the :data:`GPU_TYPES_KEY` param as the paper preset's GPU types. Under the paper preset, unless the
     params set one of :data:`PARALLELISM_KEYS`, the parallelism is chosen once, for the config as resolved
     (``presets.fit_parallelism``: recipe, overrides and EMA teacher counted; with GPU types, cheapest type first;
-    without, 80 GB GPUs of any type). Raises ``ValueError`` naming
+    without, ``presets.PAPER_GPU_TYPE``). Raises ``ValueError`` naming
     unknown keys / values; does not validate ranges. Resolved once per process for equal params (:data:`_RESOLVED`).
     """
     key = (json.dumps(params, sort_keys=True, default=repr), tuple(sorted((extra_recipes or {}).items())))

@@ -2,8 +2,8 @@
 
 Follows the PAR paper's task suite: S5 and A5 word problems (each operation is a permutation of the symmetric or
 alternating group on 5 elements; one query, the object at position 0) and swap-S5 (5 objects, each operation swaps
-two positions or does nothing; five queries, scored by full-state accuracy). Paper protocol: train on 32 moves, test
-on 32…512 moves, 1,024 sequences per length.
+two positions or does nothing; five queries, scored by full-state accuracy). Paper protocol (:data:`PAPER_DEPTHS`):
+S5 / A5 train on d <= 16 and test to 256 moves, swap-S5 on 32 to 512, 1,024 sequences per length.
 
 State: 5 objects on 5 positions, starting from the identity (object i at position i). A move is a permutation π of
 positions, applied as ``new[p] = old[π[p]]``; a transposition (i j) swaps the objects at positions i and j.
@@ -169,8 +169,12 @@ A5 = PermutationTask(
 """A5 word problem: the 60 even permutations as moves, one query (position 0)."""
 
 PAPER_DEPTHS = {
-    name: DepthPreset(train_depth=32, min_train_depth=1, test_depths=(32, 64, 128, 256, 512),
-                      source="PAR paper, task suite: train on 32 moves, test on 32…512 moves")
-    for name in ("swap_s5", "s5", "a5")
+    "swap_s5": DepthPreset(train_depth=32, min_train_depth=1, test_depths=(32, 64, 128, 256, 512),
+                           source="PAR paper, task suite: train on 32 moves, test on 32…512 moves"),
+    **{name: DepthPreset(train_depth=16, min_train_depth=1, test_depths=(16, 32, 64, 128, 256),
+                         source="PAR paper, Fig. 1 and Tables 2, 5, 7: S5 / A5 trained on d <= 16, tested to 256 "
+                                "(16x)")
+       for name in ("s5", "a5")},
 }
-"""The paper's protocol for the permutation word problems (module docstring)."""
+"""The paper's protocol for the permutation word problems: S5 / A5 train on d <= 16 and test to 256, swap-S5 on
+d <= 32 to 512; 16× either way."""

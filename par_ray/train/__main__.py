@@ -53,12 +53,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         prog="python -m par_ray.train",
         description="Train one PAR trial (in this process with --workers 1, else on Ray Train workers), print "
                     "progress, the accuracy-by-depth table and G, and write OUT/result.json.",
-        epilog="Flags left out take the CPU preset (par_ray/presets.py); any other config field: --set. Example: "
+        epilog="Flags left out take the preset's values (--preset, par_ray/presets.py); any other config field: --set. "
+               "Example: "
                "python -m par_ray.train --backbone tiny-qwen2 --task swap_s5 --recipe par --train-depth 8 "
                "--steps 4000 --eval-depths 8,16,32,64 --seed 0 --out runs/par-s0")
-    p.add_argument("--backbone", default="tiny-qwen2", metavar=one_of(BACKBONES),
+    p.add_argument("--preset", default="local", metavar=one_of(presets.PRESETS),
+                   help="the base trial (par_ray/presets.py): local (default; CPU, tiny shapes, d_train 6, float32) or "
+                        "paper (the paper's protocol: pretrained parent from --model-dir or the hub cache, the task's "
+                        "paper depths, bf16 on GPUs, strategy and GPU count by the memory planner)")
+    p.add_argument("--backbone", default=None, metavar=one_of(BACKBONES),
                    help="parent model shape from the backbone registry (par_ray/model/backbones.py; default "
-                        "tiny-qwen2, the CPU shape)")
+                        "tiny-qwen2, the CPU shape, or qwen2.5-0.5b under --preset paper)")
     p.add_argument("--pretrained", default=None, metavar="DIR",
                    help="local checkpoint folder to load the parent's weights from (default: random init)")
     p.add_argument("--model-dir", default=None, metavar="DIR",
@@ -87,13 +92,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def config_from_args(args):
-    """TrialConfig from the CLI: CPU preset → recipe → explicit flags → --set overrides; validated."""
-    cfg = presets.local_trial(args.backbone, args.task, args.seed)
+    """TrialConfig from the CLI: preset (``--preset``; paper: with the planner's parallelism) → recipe → explicit
+    flags → --set overrides; validated, a pretrained parent resolved to its local directory."""
+    backbone = args.backbone or ("qwen2.5-0.5b" if args.preset == "paper" else "tiny-qwen2")
+    cfg = presets.preset_trial(args.preset, backbone, args.task, args.seed)
     cfg = apply_recipe(cfg, args.recipe)
-    flat = {"backbone.pretrained": args.pretrained, "train.seed": args.seed}
+    multiples = tuple(d // cfg.task.train_depth for d in cfg.eval.depths)  # the preset's (paper: 1, 2, 4, 8, 16)
+    flat = {"train.seed": args.seed}
+    if args.pretrained is not None:
+        flat["backbone.pretrained"] = args.pretrained
     if args.train_depth is not None:
         flat["task.train_depth"] = args.train_depth
-        flat["eval.depths"] = tuple(m * args.train_depth for m in presets.LOCAL_EVAL_MULTIPLES)
+        flat["eval.depths"] = tuple(m * args.train_depth for m in multiples)
     if args.steps is not None:
         flat["train.steps"] = args.steps
     if args.eval_depths is not None:

@@ -38,7 +38,8 @@ import torch
 
 from par_ray.config import TrialConfig, to_flat
 from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens, trial_cot_tokens
-from par_ray.evaluation import accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics, rank_chunks
+from par_ray.evaluation import (BEST_R_MULTIPLES, accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics,
+                                rank_chunks)
 from par_ray.halting import halt_tokens
 from par_ray.prompts import render
 from par_ray.weights import parent_tokenizer, resolved_backbone
@@ -197,7 +198,8 @@ def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayo
                                     engine.all_reduce_sum)
     else:
         acc = accuracy_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, engine.device,
-                                world.rank, world.size, engine.all_reduce_sum, recipe.fixed_iterations)
+                                world.rank, world.size, engine.all_reduce_sum, recipe.fixed_iterations,
+                                BEST_R_MULTIPLES if cfg.eval.best_r else ())
     ex = extrapolation({d: v["acc"] for d, v in acc.items()}, task.full_state_chance, cfg.task.train_depth)
     out = {"chance": task.full_state_chance, "G": ex.G, "G_censored": float(ex.censored)}
     if ex.d50 is not None:
@@ -207,6 +209,8 @@ def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayo
         out[depth_metric("acc_query", d)] = v["acc_query"]
         if "tokens" in v:
             out[depth_metric("cot_tokens", d)] = v["tokens"]
+        if "R" in v:  # eval.best_r: acc_d{D} is the best R's, best_R_d{D} which R it was
+            out[depth_metric("best_R", d)] = float(v["R"])
     if recipe.halting and halt is not None:
         res = halting_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, halt, engine.device,
                                world.rank, world.size, engine.all_reduce_sum, pending_id=vocab.pending_id)
