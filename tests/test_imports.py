@@ -128,3 +128,32 @@ def test_bottom_layer_imports_nothing_from_the_project(module):
     bad = [line for line in source.splitlines()
            if line.strip().startswith(("from par_ray", "import par_ray", "from analysis", "from sweeps"))]
     assert not bad, bad
+
+
+_NO_CLUSTER_STACK = """
+import importlib, importlib.abc, sys
+
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"ray", "deepspeed", "mlflow", "polars", "optuna"}:
+            raise ImportError(f"{name} is blocked: the GPU check machine does not have it")
+
+sys.meta_path.insert(0, Blocked())
+for module in ("par_ray.model.looped", "par_ray.model.backbones", "par_ray.train.step", "par_ray.train.strategies",
+               "par_ray.evaluation", "par_ray.planner", "par_ray.prompts", "par_ray.weights"):
+    importlib.import_module(module)
+sys.path.insert(0, "benchmarks")
+importlib.import_module("gpu_check")
+"""
+
+
+def test_model_step_and_evaluation_import_without_ray_deepspeed_mlflow_or_polars():
+    """The GPU check machine has torch and transformers only: par_ray's model, training step, evaluation, planner
+    and benchmarks/gpu_check.py must import with Ray, DeepSpeed, MLflow, polars and Optuna blocked (a
+    ``sys.meta_path`` finder that refuses them, in a fresh process)."""
+    r = subprocess.run([sys.executable, "-c", _NO_CLUSTER_STACK], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    control = subprocess.run([sys.executable, "-c", _NO_CLUSTER_STACK + "\nimport par_ray.train.loop\n"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert control.returncode != 0 and "ray is blocked" in control.stderr  # the blocker can fail the check

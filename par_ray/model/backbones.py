@@ -6,8 +6,8 @@ in. No pretrained weights are downloaded by this module; ``load(..., pretrained=
 safetensors checkpoint, a hub id from the local hub cache (:mod:`par_ray.weights`, offline first).
 
 The parent's decoder layers are called through exactly one function, :func:`run_decoder_layer`, because their
-signature moves between transformers releases (``position_embeddings`` became required; ``past_key_value`` became
-``cache``). transformers is pinned in ``pyproject.toml``. The same function can compute a layer's output at a few
+signature moves between transformers releases (``position_embeddings`` became required; ``past_key_values`` became
+``cache``, :data:`CACHE_ARG`). transformers is pinned in ``pyproject.toml``. The same function can compute a layer's output at a few
 rows only (the readout's last coda layer): see :class:`AllPositionsKeys`.
 
 Attention runs through transformers' own implementations, chosen by ``attn_implementation``: ``sdpa``
@@ -21,6 +21,7 @@ Tensor suffixes: B batch, T sequence length, H hidden size, Q selected rows, N h
 from __future__ import annotations
 
 import glob
+import inspect
 import os
 from typing import Any
 
@@ -33,6 +34,11 @@ from transformers.models.qwen2.modeling_qwen2 import rotate_half  # Qwen3's is t
 
 from par_ray.config import ATTN_IMPLEMENTATIONS  # transformers attention implementations allowed; first = default
 from par_ray.model.registry import BACKBONES, BackboneSpec, get_spec  # re-exported: the registry's public names
+
+
+CACHE_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+"""The name transformers gives the KV-cache argument of its decoder layers and masks: ``cache`` in the pinned 5.24,
+``past_key_values`` before the rename (5.17, what the GPU check machine has: ``benchmarks/gpu_check.py``)."""
 
 
 def load(
@@ -130,7 +136,7 @@ def causal_mask(config: Any, hidden_BTH: torch.Tensor) -> torch.Tensor | None:
 
     With eager attention this is an explicit additive mask: passing ``None`` to an eager layer would *not* be causal.
     """
-    return create_causal_mask(config=config, inputs_embeds=hidden_BTH, attention_mask=None, cache=None)
+    return create_causal_mask(config=config, inputs_embeds=hidden_BTH, attention_mask=None, **{CACHE_ARG: None})
 
 
 class AllPositionsKeys:
@@ -196,7 +202,7 @@ def run_decoder_layer(
         argument there, which would silently attend over the rows only).
     """
     if rows_Q is None:
-        out = layer(hidden_BTH, attention_mask=mask, position_embeddings=position_embeddings, cache=cache,
+        out = layer(hidden_BTH, attention_mask=mask, position_embeddings=position_embeddings, **{CACHE_ARG: cache},
                     use_cache=cache is not None)
         return out[0] if isinstance(out, tuple) else out
     if getattr(layer, "gradient_checkpointing", False):
@@ -209,7 +215,7 @@ def run_decoder_layer(
         mask = mask[..., rows_Q, :]
     cos, sin = position_embeddings
     out = layer(hidden_BTH[:, rows_Q], attention_mask=mask, position_embeddings=(cos[:, rows_Q], sin[:, rows_Q]),
-                cache=AllPositionsKeys(layer, hidden_BTH, position_embeddings), use_cache=False)
+                **{CACHE_ARG: AllPositionsKeys(layer, hidden_BTH, position_embeddings)}, use_cache=False)
     return out[0] if isinstance(out, tuple) else out
 
 
