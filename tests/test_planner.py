@@ -280,9 +280,9 @@ def test_paper_parallelism_takes_the_cheapest_gpu_type_that_fits():
     # without the cap the 7B spreads over 8 L40S (two 4-GPU nodes) rather than move to the H100
     uncapped = presets.paper_parallelism("qwen2.5-7b", gpu_types=("L40S", "H100"))
     assert (uncapped["train.accelerator_type"], uncapped["train.num_workers"]) == ("L40S", 8)
-    # no GPU types: the 80 GB plan on any GPU, as before GPU types existed
+    # no GPU types: planned for the default type (an 80 GB H100), which the trial then asks Ray for
     assert presets.paper_parallelism("qwen2.5-0.5b") == {"train.strategy": "ddp", "train.num_workers": 1,
-                                                         "train.zero_stage": 2}
+                                                         "train.zero_stage": 2, "train.accelerator_type": "H100"}
     with pytest.raises(ValueError, match=r"backbone\.name: 'qwen2\.5-7b' .* on GPU types \['L4:1'\]"):
         presets.paper_parallelism("qwen2.5-7b", gpu_types=("L4:1",))
     with pytest.raises(ValueError, match=r"--gpu-types: GPU type 'L40' is not one of \[.*'L40S'"):
