@@ -22,8 +22,8 @@ measured:
                      and peak memory.
 ``fsdp2``            optional: the same model under FSDP2 (``fully_shard``) on a one-rank NCCL group, a few steps.
 
-Evaluation memory is compared with the planner's evaluation term when ``par_ray.planner`` has one
-(``plan_evaluation``); ``planned_bytes`` is ``null`` otherwise.
+Evaluation memory is compared with ``par_ray.planner.plan_evaluation`` (resident training state, optimizer included,
+plus that evaluation), as evaluations run between training steps.
 
 A GPU run without CUDA fails loudly: exit status 3 and an ``error`` in the JSON, never a quiet CPU run. ``--dry-run``
 runs every section on the CPU at tiny shapes (tiny-qwen2, task vocabulary, float32) with the same JSON schema:
@@ -195,16 +195,23 @@ def _peak(device: torch.device, fn) -> tuple[object, int | None]:
     return out, int(torch.cuda.max_memory_allocated(device))
 
 
-def _planned_eval(kind: str, **workload) -> int | None:
-    """The planner's evaluation memory for ``kind`` (``plain`` / ``halting``), where the planner models it."""
-    fn = getattr(planner, "plan_evaluation", None)
-    if fn is None:
-        return None
-    try:
-        res = fn(kind=kind, **workload)
-    except TypeError:
-        return None
-    return int(getattr(res, "total", res))
+def _planned_eval(plan: Plan, kind: str, depth: int, batch: int) -> int | None:
+    """The planner's peak for evaluation ``kind`` (``plain`` / ``halting``) at ``depth`` with ``batch`` rows:
+    ``par_ray.planner.plan_evaluation`` of the check's trial (resident training state + that evaluation)."""
+    from par_ray import presets
+    from par_ray.config import with_overrides
+    from par_ray.recipes import apply_recipe
+
+    base = presets.paper_trial(plan.backbone, plan.task) if plan.gpu else presets.local_trial(plan.backbone, plan.task)
+    cfg = apply_recipe(base, "par_halt") if kind == "halting" else base
+    cfg = with_overrides(cfg, backbone={"pretrained": None},
+                         task={"train_depth": plan.train_depth, "min_train_depth": 1},
+                         train={"strategy": "ddp", "num_workers": 1, "batch_size": plan.batch, "use_gpu": plan.gpu,
+                                "accelerator_type": ""},
+                         recipe={"grad_window": plan.window},
+                         eval={"depths": (depth,), "num_sequences": batch, "batch_size": batch})
+    p = planner.plan_evaluation(cfg)
+    return int(p.resident + getattr(p, kind))
 
 
 def _model_fn(engine):
@@ -329,19 +336,10 @@ def train_memory(plan: Plan, state: dict) -> dict:
             "plan_error": (p.total - measured) / measured if measured else None}
 
 
-def _drop_optimizer(state: dict) -> None:
-    """Evaluation sections run after training: free the optimizer state (an evaluation holds weights only)."""
-    engine = state.get("engine")
-    if engine is not None and getattr(engine, "optimizer", None) is not None:
-        engine.optimizer.state.clear()
-    _free(engine.device if engine is not None else torch.device("cpu"))
-
-
 def eval_throughput(plan: Plan, state: dict) -> dict:
     """A share of the d = ``plan.eval_depth`` test set, R = d, under the training precision: time and memory."""
     device = _device(plan)
     engine = state.setdefault("engine", _engine(plan))
-    _drop_optimizer(state)
     task = _task(plan)
     ev = EvalConfig(depths=(plan.eval_depth,), num_sequences=plan.eval_share, batch_size=plan.eval_share)
     weights = torch.cuda.memory_allocated(device) if plan.gpu else None
@@ -354,15 +352,13 @@ def eval_throughput(plan: Plan, state: dict) -> dict:
             f"seconds_per_{EVAL_SEQUENCES}": seconds * EVAL_SEQUENCES / plan.eval_share,
             "precision": "bf16 autocast" if plan.gpu else "fp32", "acc": acc[plan.eval_depth]["acc"],
             "measured_bytes": measured, "weights_bytes": weights,
-            "planned_bytes": _planned_eval("plain", backbone=plan.backbone, R=plan.eval_depth,
-                                           micro_batch=plan.eval_share, seq_len=T)}
+            "planned_bytes": _planned_eval(plan, "plain", plan.eval_depth, plan.eval_share)}
 
 
 def halting_memory(plan: Plan, state: dict) -> dict:
     """Halting evaluation at d = ``plan.halt_depth`` (R_max = 2d, one batch): time and peak memory."""
     device = _device(plan)
     engine = state.setdefault("engine", _engine(plan))
-    _drop_optimizer(state)
     task = _task(plan)
     halt = task_halt_tokens(task.vocab_size)  # ids inside every vocabulary checked here
     ev = EvalConfig(depths=(plan.halt_depth,), num_sequences=plan.halt_batch, batch_size=plan.halt_batch)
@@ -375,8 +371,7 @@ def halting_memory(plan: Plan, state: dict) -> dict:
             "vocab_size": vocab, "seconds": seconds, "measured_bytes": measured,
             "weights_bytes": torch.cuda.memory_allocated(device) if plan.gpu else None,
             "keys": sorted(res[plan.halt_depth])[:8],
-            "planned_bytes": _planned_eval("halting", backbone=plan.backbone, R=2 * plan.halt_depth,
-                                           micro_batch=plan.halt_batch, seq_len=T)}
+            "planned_bytes": _planned_eval(plan, "halting", plan.halt_depth, plan.halt_batch)}
 
 
 def fsdp2(plan: Plan, state: dict) -> dict:
