@@ -74,7 +74,7 @@ def test_training_step_flops_match_the_counter_on_tiny_qwen2(name):
     data = build_task(cfg.task, train=True)
     if cfg.recipe.cot:
         data = CotTask(data, cot_tokens(resolve(cfg).vocab.cot_offset))
-    halt = halt_tokens(task, cfg.backbone) if resolve(cfg).halting else None
+    halt = halt_tokens(task) if resolve(cfg).halting else None  # random-init: compact ids
     shape = cost.trial_shape(cfg)
     loss_fn = build_step_loss(cfg.recipe, data, halt=halt, dense_offset=resolve(cfg).vocab.dense_offset)
     for step in (0, 2):  # two draws of (d, R)
@@ -93,7 +93,7 @@ def test_evaluation_flops_match_the_counter_on_tiny_qwen2(name):
 
     cfg = _tiny(name)
     engine, task = _engine(cfg)
-    halt = halt_tokens(task, cfg.backbone) if resolve(cfg).halting else None
+    halt = halt_tokens(task) if resolve(cfg).halting else None  # random-init: compact ids
     with FlopCounterMode(display=False) as counter:
         eval_metrics(engine, task, cfg, cfg.recipe, halt)  # accuracy (or CoT decoding), halting, probe
     planned = cost.eval_flops(cfg, cfg.recipe, cost.trial_shape(cfg))

@@ -247,11 +247,12 @@ def test_planner_counts_the_ema_teacher_per_gpu():
         assert on.total - off.total == per_gpu
 
 
-def test_label_free_dry_run_prints_the_plan_with_the_ema_teacher():
+def test_label_free_dry_run_prints_the_plan_with_the_ema_teacher(tmp_path, write_model_dir):
+    model_dir = write_model_dir(tmp_path / "models", ["qwen2.5-0.5b"])  # the weights are found: exit status 0
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     env.pop("RAY_ADDRESS", None)
     r = subprocess.run([sys.executable, str(ROOT / "sweeps/label_free.py"), "--dry-run", "--preset", "paper",
-                        "--backbones", "qwen2.5-0.5b", "--seeds", "0,1"],
+                        "--backbones", "qwen2.5-0.5b", "--seeds", "0,1", "--model-dir", model_dir],
                        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "| s5 |" in line]

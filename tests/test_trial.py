@@ -61,7 +61,7 @@ def _run_step_like_the_loop(cfg: TrialConfig, step: int):
     train_task = build_task(cfg.task, train=True)
     if cfg.recipe.cot:
         train_task = CotTask(train_task, cot_tokens(trial.vocab.cot_offset))
-    halt = halt_tokens(task, cfg.backbone) if trial.halting else None
+    halt = halt_tokens(task) if trial.halting else None  # random-init: compact ids
     torch.manual_seed(0)
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=trial.vocab.size)
     engine = prepare(model, cfg.train, World(), ema=trial.ema)
