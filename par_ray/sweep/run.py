@@ -258,9 +258,10 @@ def _reporter(plan: Plan):
     from ray.tune import CLIReporter
 
     short = {"task.name": "task", "backbone.name": "backbone", "train.seed": "seed"}
+    # grid dimensions ({"grid_search": [...]}) and search domains vary; a single cell (any other dict) is fixed
     varying = {k: short.get(k, k) for k, v in plan.param_space.items()
-               if not isinstance(v, (str, int, float, bool, type(None), dict))}  # grid / search dimensions (a
-    # single cell, a dict, is a fixed value)
+               if (isinstance(v, dict) and "grid_search" in v)
+               or not isinstance(v, (str, int, float, bool, type(None), dict))}
     metrics = {k: k for k in ("step", "loss", "G", plan.metric) if k is not None}
     return CLIReporter(metric_columns=metrics, parameter_columns=varying, max_report_frequency=STATUS_EVERY_S,
                        print_intermediate_tables=True, max_column_length=24)  # metric, mode: from TuneConfig
