@@ -185,7 +185,22 @@ def test_cli_run_on_two_fsdp_workers_resumes_on_one_without_a_stale_shard(tmp_pa
     assert json.loads((out / "result.json").read_text())["config"]["train.num_workers"] == 1
 
 
-def test_a_head_started_with_its_own_temp_dir_is_joined_and_named(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def auth_disabled():
+    """``RAY_AUTH_MODE=disabled`` in this process for one test, then the previous value back and Ray's cached
+    auth config re-read. Without the reset, the connection made with auth disabled stays cached in this process:
+    the next local ``ray.init()`` (which finds ``RAY_AUTH_MODE=token``, set by Ray at the first local start) starts
+    a GCS that wants a token while this process's client still sends none."""
+    from ray._private.authentication_test_utils import reset_auth_token_state
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_MODE", "disabled")
+        reset_auth_token_state()
+        yield
+    reset_auth_token_state()
+
+
+def test_a_head_started_with_its_own_temp_dir_is_joined_and_named(tmp_path, monkeypatch, capsys, auth_disabled):
     """``ray start --head --temp-dir X`` writes ``X/ray_current_cluster``; the sweep finds it from the head's
     processes, as ``ray.init(address="auto")`` does, and says it joined it."""
     import psutil
@@ -196,8 +211,7 @@ def test_a_head_started_with_its_own_temp_dir_is_joined_and_named(tmp_path, monk
     temp_dir = Path(f"/tmp/rt{os.getpid()}")  # short: Ray's socket paths must stay under 108 characters
     port = mlflow_ui.free_port()
     ray_bin = str(Path(sys.executable).with_name("ray"))
-    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "RAY_AUTH_MODE": "disabled"}
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     started = subprocess.run([ray_bin, "start", "--head", "--temp-dir", str(temp_dir), "--port", str(port),
                               "--num-cpus", "1", "--include-dashboard", "false"], capture_output=True, text=True,
                              timeout=300, env=env)
