@@ -35,7 +35,7 @@ Tensor suffixes: B batch, T prompt tokens, L trace tokens, d depth, Q queries, V
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -185,11 +185,13 @@ def greedy_decode(model_fn, prompt_BT: torch.Tensor, tokens: CotTokens, max_new:
 
 @torch.no_grad()
 def cot_accuracy_by_depth(model_fn, task: Task, eval_cfg, tokens: CotTokens, device: torch.device, rank: int = 0,
-                          world_size: int = 1, reduce_sum=lambda t: t) -> dict[int, dict[str, float]]:
+                          world_size: int = 1, reduce_sum=lambda t: t,
+                          progress: Callable[[int, int, int], None] | None = None) -> dict[int, dict[str, float]]:
     """Greedy-decoded accuracy on the final state at every test depth, and the decoding cost.
 
     The test sets are :func:`par_ray.evaluation.accuracy_by_depth`'s (``task.sample(d, n, eval_cfg.seed, 0)``, the
     base task's prompts), split over ranks the same way; each row decodes at most L(d) = :func:`trace_length` tokens.
+    ``progress``: called after every test batch (:func:`par_ray.evaluation.sum_over_test_sets`).
 
     Returns:
         ``{d: {"acc": final state right (all Q queries), "acc_query": per-query accuracy of the final block (0 for a
@@ -210,7 +212,8 @@ def cot_accuracy_by_depth(model_fn, task: Task, eval_cfg, tokens: CotTokens, dev
                             device=device)
 
     results: dict[int, dict[str, float]] = {}
-    for depth, (c_4,) in sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum).items():
+    for depth, (c_4,) in sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum,
+                                            progress=progress).items():
         n = c_4[3].clamp_min(1)
         results[depth] = {"acc": (c_4[0] / n).item(), "acc_query": (c_4[1] / n).item(),
                           "tokens": (c_4[2] / n).item()}

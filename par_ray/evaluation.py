@@ -15,6 +15,7 @@ Tensor suffixes: B batch, Q queries, V vocabulary, R iterations.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -78,8 +79,59 @@ def rank_chunks(num_sequences: int, batch_size: int, rank: int, world_size: int,
     return zip(*(r[rank::world_size].tensor_split(n_chunks) for r in rows))
 
 
+class EvalProgress:
+    """Progress lines of an evaluation that runs long (a real-size backbone at d = 256 runs for minutes).
+
+    Called after every test batch (``(depth, batches done at that depth, batches at that depth)``, as
+    :func:`sum_over_test_sets` does), it prints, at most once per ``every_s`` seconds and never before ``every_s``
+    have passed (a short evaluation prints nothing)::
+
+        evaluation (accuracy): d=256 batch 3/8, depth 5/6, 2m10s elapsed, ETA ~4m05s
+
+    The ETA takes a test batch's cost ∝ d × R(d) (tokens × iterations; ``R(d)`` as the evaluation reads out) and
+    the time per unit of that cost measured so far.
+
+    Args:
+        say: prints one line (the worker's rank-0 printer).
+        what: the evaluation's name in the line.
+        depths: the test depths, in evaluation order.
+        iterations: ``d -> R`` at that depth (e.g. ⌈d/c⌉, or R_max for halting).
+        every_s: seconds between lines.
+        clock: seconds, monotonic (tests pass their own).
+    """
+
+    def __init__(self, say: Callable[[str], None], what: str, depths: Sequence[int], iterations: Callable[[int], int],
+                 every_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self.say, self.what, self.every_s, self.clock = say, what, every_s, clock
+        self.depths = list(depths)
+        self.cost = {d: d * max(1, iterations(d)) for d in self.depths}
+        self.total = sum(self.cost.values())
+        self.t0 = self.last = clock()
+        self.done = 0.0  # cost units finished
+
+    def __call__(self, depth: int, batches_done: int, batches: int) -> None:
+        self.done += self.cost[depth] / max(1, batches)
+        now = self.clock()
+        if now - self.last < self.every_s:
+            return
+        self.last = now
+        elapsed = now - self.t0
+        eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        self.say(f"evaluation ({self.what}): d={depth} batch {batches_done}/{batches}, depth "
+                 f"{self.depths.index(depth) + 1}/{len(self.depths)}, {_minutes(elapsed)} elapsed, "
+                 f"ETA ~{_minutes(eta)}")
+
+
+def _minutes(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
 def sum_over_test_sets(task, eval_cfg, chunk_counts: Callable, device: torch.device, rank: int = 0, world_size: int = 1,
-                    reduce_sum=lambda t: t, prepare: Callable | None = None) -> dict[int, tuple[torch.Tensor, ...]]:
+                    reduce_sum=lambda t: t, prepare: Callable | None = None,
+                    progress: Callable[[int, int, int], None] | None = None) -> dict[int, tuple[torch.Tensor, ...]]:
     """The rank-split batch loop every evaluation runs (accuracy by depth, halting, CoT): counts summed over test
     batches and ranks, at each test depth.
 
@@ -88,7 +140,8 @@ def sum_over_test_sets(task, eval_cfg, chunk_counts: Callable, device: torch.dev
     ``rank::world_size`` in :func:`rank_chunks` of ``eval.batch_size``, calling ``chunk_counts(d, ep, ids_BT,
     answers_BQ)`` (the chunk's token ids and final states ``ep.states[:, -1]``, on ``device``) → a tensor or a tuple
     of tensors of counts (float64, on ``device``), summed over chunks, then each tensor reduced over ranks with
-    ``reduce_sum`` (one collective per tensor per depth, the same on every rank).
+    ``reduce_sum`` (one collective per tensor per depth, the same on every rank). ``progress(d, batches done,
+    batches)`` is called after every batch (e.g. :class:`EvalProgress`).
 
     Returns:
         ``{d: (summed counts, one tensor per tensor chunk_counts returns)}``.
@@ -99,11 +152,14 @@ def sum_over_test_sets(task, eval_cfg, chunk_counts: Callable, device: torch.dev
         if prepare is not None:
             ep = prepare(ep)
         totals: list[torch.Tensor] | None = None
-        for ids_BT, answers_BQ in rank_chunks(eval_cfg.num_sequences, eval_cfg.batch_size, rank, world_size,
-                                              ep.input_ids, ep.states[:, -1]):
+        chunks = list(rank_chunks(eval_cfg.num_sequences, eval_cfg.batch_size, rank, world_size, ep.input_ids,
+                                  ep.states[:, -1]))
+        for i, (ids_BT, answers_BQ) in enumerate(chunks, start=1):
             got = chunk_counts(depth, ep, ids_BT.to(device), answers_BQ.to(device))
             got = (got,) if isinstance(got, torch.Tensor) else tuple(got)
             totals = list(got) if totals is None else [t + g for t, g in zip(totals, got)]
+            if progress is not None:
+                progress(depth, i, len(chunks))
         results[depth] = tuple(reduce_sum(t) for t in totals)
     return results
 
@@ -125,6 +181,7 @@ def accuracy_by_depth(
     reduce_sum=lambda t: t,
     fixed_iterations: int = 0,
     r_multiples: tuple[float, ...] = (),
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> dict[int, dict[str, float]]:
     """Accuracy at each test depth with R = ceil(d / c), read out once after iteration R (paper §4.2).
 
@@ -141,6 +198,7 @@ def accuracy_by_depth(
         rank, world_size: rows ``rank::world_size`` of each test set are evaluated here.
         reduce_sum: sums a tensor over ranks (identity on one rank).
         fixed_iterations: > 0: R = this at every depth (``recipe.fixed_iterations``, the fixed-R baselines).
+        progress: called after every test batch (:func:`sum_over_test_sets`).
     Returns:
         ``{d: {"acc": full-state accuracy, "acc_query": per-query accuracy}}``, fractions in [0, 1]; with
         ``r_multiples`` also ``"R"`` (the best R) and ``"acc_by_R"`` (``{R_m: full-state accuracy}``), ``acc`` and
@@ -160,7 +218,8 @@ def accuracy_by_depth(
         return torch.stack([right_KBQ.all(-1).sum(-1), right_KBQ.float().mean(-1).sum(-1), n_K], dim=-1).double()
 
     results: dict[int, dict[str, float]] = {}
-    for depth, (c_K3,) in sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum).items():
+    for depth, (c_K3,) in sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum,
+                                             progress=progress).items():
         n_K = c_K3[:, 2].clamp_min(1)
         acc_K = (c_K3[:, 0] / n_K).tolist()
         best = max(range(len(acc_K)), key=lambda i: (acc_K[i], -i))  # the best accuracy, then the smallest R
@@ -279,6 +338,7 @@ def halting_by_depth(
     world_size: int = 1,
     reduce_sum=lambda t: t,
     pending_id: int | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
 ) -> dict[int, dict]:
     """Accuracy when the model stops itself (k-of-n rule) vs oracle stopping R* = ⌈d/c⌉, at every test depth.
 
@@ -300,7 +360,7 @@ def halting_by_depth(
     ``scripts/halt_signals.py``). The answers, R* and the oracle accuracy are shared by both signals.
 
     Args:
-        model_fn, task, eval_cfg, rank, world_size, reduce_sum: as in :func:`accuracy_by_depth`.
+        model_fn, task, eval_cfg, rank, world_size, reduce_sum, progress: as in :func:`accuracy_by_depth`.
         halt: ``par_ray.halting.HaltTokens`` of the trial.
         pending_id: token id of the dense "pending" class (``par_ray.trial.VocabLayout.pending_id``), or ``None``
             (no pending signal: results and forward calls as without the argument).
@@ -348,7 +408,7 @@ def halting_by_depth(
 
     results: dict[int, dict] = {}
     summed = sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum,
-                             prepare=lambda ep: with_halt_query(ep, halt.query))
+                             prepare=lambda ep: with_halt_query(ep, halt.query), progress=progress)
     for depth, (counts_SX7, p_sum_R) in summed.items():
         n = counts_SX7[0, 0, 6].clamp_min(1)
         per_rule = [_rule_stats(c, n) for c in counts_SX7[0]]

@@ -91,3 +91,31 @@ def test_sum_over_test_sets_sums_chunks_then_reduces_each_tensor_once_per_depth(
     assert out[2][0].item() == 10.0  # 5 rows on this rank, doubled by the reduction
     assert out[4][1].tolist() == [8.0 * 2, 8.0 * 2]  # 2 chunks of ⌈5 / 3⌉ = 2, each adding the depth, doubled
     assert len(reduced) == 4  # two tensors per depth, one collective each
+
+
+def test_sum_over_test_sets_reports_every_batch_to_progress():
+    task = get_task("swap_s5")
+    cfg = EvalConfig(depths=(2, 4), num_sequences=10, batch_size=4, seed=1)
+    calls = []
+    sum_over_test_sets(task, cfg, lambda *a: torch.zeros(1, dtype=torch.float64), torch.device("cpu"),
+                       progress=lambda *a: calls.append(a))
+    assert calls == [(2, 1, 3), (2, 2, 3), (2, 3, 3), (4, 1, 3), (4, 2, 3), (4, 3, 3)]
+
+
+def test_eval_progress_is_silent_when_short_and_gives_an_eta_by_depth_times_iterations():
+    from par_ray.evaluation import EvalProgress
+
+    now = [0.0]
+    lines = []
+    progress = EvalProgress(lines.append, "accuracy", (4, 8), iterations=lambda d: d, every_s=30, clock=lambda: now[0])
+    # cost units: d·R = 16 at d=4 and 64 at d=8 (80 in all), two batches per depth
+    now[0] = 10.0
+    progress(4, 1, 2)  # 8 units in 10 s: too early for a line
+    now[0] = 40.0
+    progress(4, 2, 2)  # 16 units in 40 s: 2.5 s/unit, 64 left
+    now[0] = 50.0
+    progress(8, 1, 2)  # within 30 s of the last line
+    assert lines == ["evaluation (accuracy): d=4 batch 2/2, depth 1/2, 40s elapsed, ETA ~2m40s"]
+    now[0] = 200.0
+    progress(8, 2, 2)
+    assert lines[-1] == "evaluation (accuracy): d=8 batch 2/2, depth 2/2, 3m20s elapsed, ETA ~0s"

@@ -219,6 +219,32 @@ def test_a_truncated_snapshot_and_empty_checkpoint_files_fall_back_to_the_last_c
     assert repair_run_storage(str(tmp_path), "no_such_run") == []
 
 
+def test_orphan_checkpoints_are_removed_by_the_retention_rule_on_resume(tmp_path):
+    """Folders Train never registered (an interrupt between writing and registering) or had retired without deleting
+    (between saving its snapshot and deleting the worst): complete, unlisted, never read or deleted by Train. The
+    repair removes them and keeps every listed one; the snapshot is untouched."""
+    import json
+
+    from par_ray.train.trainer import SNAPSHOT_FILE, repair_run_storage
+
+    run = tmp_path / "trial_x"
+    for name, step in (("checkpoint_a", 2), ("checkpoint_b", 4), ("checkpoint_c", 6), ("checkpoint_d", 8)):
+        _checkpoint(run, name, step)
+    listed = [{"checkpoint_dir_name": n, "metrics": {"step": s}} for n, s in (("checkpoint_b", 4), ("checkpoint_c", 6))]
+    snapshot = json.dumps({"checkpoint_results": listed})
+    (run / SNAPSHOT_FILE).write_text(snapshot)
+    notes = repair_run_storage(str(tmp_path), "trial_x")
+    assert sorted(p.name for p in run.glob("checkpoint_*")) == ["checkpoint_b", "checkpoint_c"]
+    assert [n.split(":")[0] for n in notes] == ["removed checkpoint checkpoint_a (step 2)",
+                                                "removed checkpoint checkpoint_d (step 8)"]
+    assert (run / SNAPSHOT_FILE).read_text() == snapshot
+    assert repair_run_storage(str(tmp_path), "trial_x") == []
+
+    bare = tmp_path / "trial_y"  # no snapshot: Train starts afresh and would never remove these
+    _checkpoint(bare, "checkpoint_a", 2)
+    assert len(repair_run_storage(str(tmp_path), "trial_y")) == 1 and not list(bare.glob("checkpoint_*"))
+
+
 def test_a_checkpointed_report_tune_never_handed_over_is_logged_once_on_resume(tmp_path):
     """The window between Train registering a checkpoint and Tune's MLflow callback getting its report, made
     deterministic: the run's history stops at step 2 while the trial's Train folder holds checkpoints of steps 2

@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -123,34 +122,32 @@ LONG_SWEEP = textwrap.dedent('''
 
 
 def test_sigterm_to_a_sweep_driver_closes_every_run_and_resume_completes(tmp_path, sweep_runs):
+    """SIGTERM reaches the driver as the MLflow callback is handed step 2's report, whose checkpoint Train has
+    registered already (``SIGTERM_BEFORE_LOGGING_STEP_ENV``: the window made deterministic; the report is dropped).
+    Every run is closed, the same summary and ``--resume`` hint as Ctrl-C are printed, and the resumed sweep finishes
+    in the same runs with every checkpointed step in the metric history exactly once (step 2's from its checkpoint)."""
+    from mlflow import MlflowClient
+
+    from par_ray.sweep.run import SIGTERM_BEFORE_LOGGING_STEP_ENV
+
     script = tmp_path / "sigterm_demo.py"
     script.write_text(LONG_SWEEP)
     storage = tmp_path / "storage"
     uri = f"sqlite:///{storage}/mlflow.db"
-    flags = ["--preset", "local", "--smoke-test", "--set", "train.steps=24", "--storage", str(storage)]
-    out_file, err_file = tmp_path / "stdout", tmp_path / "stderr"
-    with open(out_file, "w") as out_f, open(err_file, "w") as err_f:
-        proc = subprocess.Popen([sys.executable, str(script), *flags], stdout=out_f, stderr=err_f, text=True,
-                                cwd=ROOT, env=_env())
-        try:
-            deadline = time.monotonic() + 600
-            while time.monotonic() < deadline and proc.poll() is None:  # until the trial has reported step 2
-                if "step      2/24" in out_file.read_text():
-                    break
-                time.sleep(0.5)
-            assert proc.poll() is None, "the sweep ended before it could be stopped"
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    out, err = out_file.read_text(), err_file.read_text()
+    # every checkpoint kept (12 of 24 steps), so every checkpointed step can be checked after the resume
+    flags = ["--preset", "local", "--smoke-test", "--set", "train.steps=24", "--set", "train.keep_checkpoints=12",
+             "--storage", str(storage)]
+    r = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, timeout=900, cwd=ROOT,
+                       env={**_env(), SIGTERM_BEFORE_LOGGING_STEP_ENV: "2"})
+    out, err = r.stdout, r.stderr
     print(out[-4000:], err[-4000:], sep="\n----- stderr -----\n")
     assert "SIGTERM received: stopping the sweep as Ctrl-C does" in err
     assert "--resume" in err and "trials: 1 unfinished" in out
     parent, children = sweep_runs(uri, "sigterm_demo")
     assert parent.info.status == "KILLED" and [c.info.status for c in children] == ["KILLED"]
     assert children[0].data.metrics.get("step", 0) < 24  # stopped mid-training
+    history = MlflowClient(uri).get_metric_history(children[0].info.run_id, "loss")
+    assert 2 not in [m.step for m in history]  # the dropped report
 
     second = _sweep(script, *flags, "--resume")
     assert second.returncode == 0, second.stderr[-3000:]
@@ -158,6 +155,8 @@ def test_sigterm_to_a_sweep_driver_closes_every_run_and_resume_completes(tmp_pat
     assert parent2.info.run_id == parent.info.run_id and parent2.info.status == "FINISHED"
     assert [c.info.run_id for c in children2] == [children[0].info.run_id]
     assert children2[0].info.status == "FINISHED" and children2[0].data.metrics["step"] == 24
+    steps = [m.step for m in MlflowClient(uri).get_metric_history(children2[0].info.run_id, "loss")]
+    assert sorted(steps) == list(range(2, 25, 2))  # every checkpointed step, once
 
 
 def test_cli_run_on_two_fsdp_workers_resumes_on_one_without_a_stale_shard(tmp_path):
@@ -228,6 +227,47 @@ def test_a_head_started_with_its_own_temp_dir_is_joined_and_named(tmp_path, monk
     finally:
         ray.shutdown()
         # stop this head only (`ray stop` would stop every Ray instance on the host)
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(str(temp_dir) in arg for arg in proc.info.get("cmdline") or []):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.mark.full_only
+def test_a_cluster_wanting_a_token_the_laptop_lacks_is_one_line(tmp_path):
+    """A head started with token authentication; a sweep driver with no token (no ``RAY_AUTH_*``, no
+    ``~/.ray/auth_token``: a fresh ``HOME``) gets one ``error:`` line naming the cluster and the variables to set,
+    no traceback. Its own process, so this test process's cached auth state is not involved."""
+    import psutil
+
+    temp_dir = Path(f"/tmp/rta{os.getpid()}")  # short: Ray's socket paths must stay under 108 characters
+    port = mlflow_ui.free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
+    head_env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "a" * 32}
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    started = subprocess.run([ray_bin, "start", "--head", "--temp-dir", str(temp_dir), "--port", str(port),
+                              "--num-cpus", "1", "--include-dashboard", "false"], capture_output=True, text=True,
+                             timeout=300, env=head_env)
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        (tmp_path / "home").mkdir()
+        driver_env = {**base, "HOME": str(tmp_path / "home"), "RAY_ADDRESS": f"127.0.0.1:{port}",
+                      "RAY_TMPDIR": str(tmp_path / "rt")}
+        code = ("import sys\n"
+                "from par_ray.sweep import resources\n"
+                "from par_ray.sweep.spec import SweepConfigError\n"
+                "try:\n    resources.connect()\n"
+                "except SweepConfigError as e:\n    print(f'error: {e}'); sys.exit(2)\n")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=driver_env,
+                           cwd=ROOT)
+        print(r.stdout, r.stderr, sep="\n----- stderr -----\n")
+        assert r.returncode == 2
+        assert r.stdout.strip().splitlines() == [
+            f"error: Ray: the cluster at 127.0.0.1:{port} requires token authentication and this process has no "
+            f"token for it; set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token"]
+        assert "Traceback" not in r.stderr
+    finally:
         for proc in psutil.process_iter(["cmdline"]):
             if any(str(temp_dir) in arg for arg in proc.info.get("cmdline") or []):
                 with contextlib.suppress(psutil.Error):

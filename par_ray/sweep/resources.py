@@ -236,8 +236,9 @@ def connect():
         # Ray 2.60 raises "Failed to connect to GCS" (RuntimeError) around the AuthenticationError
         if not isinstance(e, ray.exceptions.AuthenticationError) and "AuthenticationError" not in str(e):
             raise
-        raise SweepConfigError(f"Ray: the cluster at {address} requires token authentication and no token was found; "
-                               f"set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token") from None
+        raise SweepConfigError(f"Ray: the cluster at {address} requires token authentication and this process has no "
+                               f"token for it; set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token"
+                               ) from None
     if address == "local":
         res = ray.cluster_resources() if ray.is_initialized() else {}
         print(f"Ray: started a local cluster ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU)", flush=True)

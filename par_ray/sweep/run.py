@@ -45,6 +45,11 @@ STATUS_EVERY_S = 300
 # --------------------------------------------------------------------------------------------------------------------
 # Tune: the per-trial driver and the MLflow callback
 
+SIGTERM_BEFORE_LOGGING_STEP_ENV = "PAR_RAY_FAULT_SIGTERM_BEFORE_LOGGING_STEP"
+"""Fault injection for tests (an environment variable of the sweep driver): when the MLflow callback is handed the
+report of this step, the driver sends itself SIGTERM and drops that report, which is the window between Train
+registering a checkpoint and Tune's callback logging its report, made deterministic."""
+
 NOT_RETRYABLE_MARKER = "par_ray_not_retryable.json"
 """Written into a trial's Train run folder when the trial failed with an error no retry can fix
 (``par_ray.train.trainer.NOT_RETRYABLE``); a restarted driver of that trial fails at once without training
@@ -204,6 +209,9 @@ def _make_callback(tracker, extra_recipes, train_storage: str | None = None, tab
                     self.tracker.log_metrics(trial.trial_id, report, int(report["step"]))
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
+            if str(result.get("step")) == os.environ.get(SIGTERM_BEFORE_LOGGING_STEP_ENV):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
             metrics = {k: v for k, v in result.items() if k not in skip}
             self.tracker.log_metrics(trial.trial_id, metrics, int(result.get("step", result.get("training_iteration"))))
 

@@ -38,8 +38,8 @@ import torch
 
 from par_ray.config import TrialConfig, to_flat
 from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens, trial_cot_tokens
-from par_ray.evaluation import (BEST_R_MULTIPLES, accuracy_by_depth, extrapolation, halting_by_depth, halting_metrics,
-                                rank_chunks)
+from par_ray.evaluation import (BEST_R_MULTIPLES, EvalProgress, accuracy_by_depth, extrapolation, halt_max_iterations,
+                                halting_by_depth, halting_metrics, rank_chunks)
 from par_ray.halting import halt_tokens
 from par_ray.prompts import render
 from par_ray.weights import parent_tokenizer, resolved_backbone
@@ -163,7 +163,7 @@ def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
 
 
 def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None,
-                 vocab: VocabLayout | None = None, cot=None) -> dict[str, float]:
+                 vocab: VocabLayout | None = None, cot=None, say=None) -> dict[str, float]:
     """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``,
     the per-iteration probe (:func:`probe_metrics`) and ``eval_seconds``, the wall time of this evaluation (s, rank
     0's; every rank runs the same forward calls). R per depth follows ``recipe.fixed_iterations``; the
@@ -180,26 +180,36 @@ def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None,
     model trained with ``recipe.dense_targets`` and ``recipe.dense_pending`` (``cfg.recipe``: the vocabulary's
     pending class), those of the last operation's pending signal, ``halt_acc_d{D}_pending`` and the rest (a par_ray
     signal, not the paper's read-out; docs/experiments.md §14). ``vocab``: the trial's vocabulary layout (default
-    ``par_ray.trial.resolve(cfg).vocab``): the CoT trace's ids and the pending class.
+    ``par_ray.trial.resolve(cfg).vocab``): the CoT trace's ids and the pending class. ``say``: prints a line (the
+    worker's rank-0 printer); an evaluation running past 30 s gets progress lines with an ETA
+    (:class:`par_ray.evaluation.EvalProgress`).
     """
     t0 = time.perf_counter()
     with engine.autocast():  # the training step's precision (docstring)
-        out = _eval_metrics(engine, task, cfg, recipe, halt, vocab or resolve(cfg).vocab, cot)
+        out = _eval_metrics(engine, task, cfg, recipe, halt, vocab or resolve(cfg).vocab, cot, say)
     out["eval_seconds"] = time.perf_counter() - t0
     return out
 
 
-def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayout, cot=None) -> dict[str, float]:
+def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayout, cot=None,
+                  say=None) -> dict[str, float]:
     world = engine.world
     recipe = recipe or cfg.recipe
+    c = recipe.ops_per_iteration
+
+    def progress(what: str, iterations):
+        return EvalProgress(say, what, cfg.eval.depths, iterations) if say is not None else None
+
     if cfg.recipe.cot:  # chain-of-thought: greedy decoding of the trace, cost in generated tokens (par_ray.cot)
         tokens = cot or cot_tokens(vocab.cot_offset)  # a pretrained parent's: its words (par_ray.cot)
         acc = cot_accuracy_by_depth(engine.model, task, cfg.eval, tokens, engine.device, world.rank, world.size,
-                                    engine.all_reduce_sum)
+                                    engine.all_reduce_sum, progress("chain-of-thought decoding", lambda d: d))
     else:
-        acc = accuracy_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, engine.device,
-                                world.rank, world.size, engine.all_reduce_sum, recipe.fixed_iterations,
-                                BEST_R_MULTIPLES if cfg.eval.best_r else ())
+        best_r = BEST_R_MULTIPLES if cfg.eval.best_r else ()
+        acc = accuracy_by_depth(engine.model, task, cfg.eval, c, engine.device,
+                                world.rank, world.size, engine.all_reduce_sum, recipe.fixed_iterations, best_r,
+                                progress("accuracy", lambda d: max(best_r or (1,)) * iterations_at(
+                                    d, c, recipe.fixed_iterations)))
     ex = extrapolation({d: v["acc"] for d, v in acc.items()}, task.full_state_chance, cfg.task.train_depth)
     out = {"chance": task.full_state_chance, "G": ex.G, "G_censored": float(ex.censored)}
     if ex.d50 is not None:
@@ -212,8 +222,10 @@ def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayo
         if "R" in v:  # eval.best_r: acc_d{D} is the best R's, best_R_d{D} which R it was
             out[depth_metric("best_R", d)] = float(v["R"])
     if recipe.halting and halt is not None:
-        res = halting_by_depth(engine.model, task, cfg.eval, recipe.ops_per_iteration, halt, engine.device,
-                               world.rank, world.size, engine.all_reduce_sum, pending_id=vocab.pending_id)
+        R_max = halt_max_iterations(cfg.eval, c)
+        res = halting_by_depth(engine.model, task, cfg.eval, c, halt, engine.device,
+                               world.rank, world.size, engine.all_reduce_sum, pending_id=vocab.pending_id,
+                               progress=progress("halting", lambda d: R_max))
         out.update(halting_metrics(res, recipe.ops_per_iteration))
     out.update(probe_metrics(engine, CotTask(task, tokens) if cfg.recipe.cot else task, cfg))
     return out
@@ -331,7 +343,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         done = step + 1
         is_last = done == tc.steps
         if done % tc.eval_every == 0 or is_last:
-            last_eval = eval_metrics(engine, task, cfg, stage.recipe, halt, vocab, cot)
+            last_eval = eval_metrics(engine, task, cfg, stage.recipe, halt, vocab, cot, say=log)
             eval_seconds += last_eval["eval_seconds"]
         want_ckpt = is_last or (tc.checkpoint_every and done % tc.checkpoint_every == 0)
         if done % tc.report_every == 0 or is_last or want_ckpt:

@@ -180,6 +180,10 @@ def repair_run_storage(storage_path: str, name: str) -> list[str]:
     rewritten from the complete checkpoints, in step order and with their reports, when it does not parse (ENOSPC
     truncates it to 0 bytes and every later start raises ``CheckpointManagerInitializationError``) or names a
     checkpoint that is not complete; with no complete checkpoint left it is removed (the run starts afresh).
+    Complete folders that a readable snapshot does not list (or that sit beside no snapshot) are orphans: written
+    before Train registered them, or registered out of the snapshot by its retention rule (``num_to_keep``) before
+    the interrupt let it delete them. Train never reads or deletes an orphan, so the retention rule is applied here:
+    they are removed, and the resumed run repeats their steps (the data of a step depends only on the step).
     Local paths and storage URIs alike (pyarrow, as Ray's storage).
     """
     import pyarrow.fs
@@ -198,14 +202,22 @@ def repair_run_storage(storage_path: str, name: str) -> list[str]:
         else:
             complete[info.base_name] = extra
     snapshot_path = f"{run_dir}/{SNAPSHOT_FILE}"
+
+    def remove_orphans(listed) -> list[str]:
+        orphans = sorted(set(complete) - set(listed))
+        for n in orphans:
+            fs.delete_dir(f"{run_dir}/{n}")
+        return [f"removed checkpoint {n} (step {complete[n]['step']}): Ray Train never registered it or had retired "
+                f"it; the resumed run repeats its steps" for n in orphans]
+
     if fs.get_file_info(snapshot_path).type != pyarrow.fs.FileType.File:
-        return notes
+        return notes + remove_orphans([])
     with fs.open_input_stream(snapshot_path) as f:
         text = f.read().decode(errors="replace")
     try:
         listed = [r["checkpoint_dir_name"] for r in json.loads(text)["checkpoint_results"]]
         if all(n in complete for n in listed):
-            return notes
+            return notes + remove_orphans(listed)
         why = "named an incomplete checkpoint"
     except (ValueError, KeyError, TypeError):
         why = f"was unreadable ({len(text)} bytes)"
