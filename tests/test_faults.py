@@ -234,7 +234,7 @@ def test_orphan_checkpoints_are_removed_by_the_retention_rule_on_resume(tmp_path
     snapshot = json.dumps({"checkpoint_results": listed})
     (run / SNAPSHOT_FILE).write_text(snapshot)
     notes = repair_run_storage(str(tmp_path), "trial_x")
-    assert sorted(p.name for p in run.glob("checkpoint_*")) == ["checkpoint_b", "checkpoint_c"]
+    assert sorted(p.name for p in run.glob("checkpoint_*") if p.is_dir()) == ["checkpoint_b", "checkpoint_c"]
     assert [n.split(":")[0] for n in notes] == ["removed checkpoint checkpoint_a (step 2)",
                                                 "removed checkpoint checkpoint_d (step 8)"]
     assert (run / SNAPSHOT_FILE).read_text() == snapshot

@@ -26,6 +26,7 @@ from par_ray.config import from_flat, parse_overrides, to_flat
 from par_ray.evaluation import Extrapolation, format_G
 from par_ray.model.registry import BACKBONES
 from par_ray.recipes import apply_recipe
+from par_ray.tracking_schema import depth_metric
 from par_ray.trial import validate
 from par_ray.weights import resolve_pretrained
 
@@ -220,18 +221,18 @@ def main(argv=None) -> int:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
     m = result.metrics
-    acc = {d: m[f"acc_d{d}"] for d in cfg.eval.depths}
+    acc = {d: m[depth_metric("acc", d)] for d in cfg.eval.depths}
     ex = Extrapolation(d50=int(m["d50"]) if "d50" in m else None, G=m["G"], censored=bool(m["G_censored"]),
                        midpoint=(m["chance"] + 1) / 2)
     print(f"\naccuracy by depth ({cfg.task.name}, {cfg.recipe.name}, {cfg.backbone.name}, d_train={cfg.task.train_depth})")
     print("| depth | multiple | full-state acc | per-query acc |\n|---:|---:|---:|---:|")
     for d in cfg.eval.depths:
-        print(f"| {d} | {d / cfg.task.train_depth:g}× | {acc[d]:.3f} | {m[f'acc_query_d{d}']:.3f} |")
+        print(f"| {d} | {d / cfg.task.train_depth:g}× | {acc[d]:.3f} | {m[depth_metric('acc_query', d)]:.3f} |")
     print(f"d50 = {ex.d50 if ex.d50 is not None else f'> {max(cfg.eval.depths)}'}   G = {format_G(ex)}   "
           f"train time {m['train_seconds']:.0f} s (wall {time.time() - t0:.0f} s)")
     with open(os.path.join(out, "result.json"), "w") as f:
         json.dump({"accuracy_by_depth": acc,
-                   "accuracy_by_depth_per_query": {d: m[f"acc_query_d{d}"] for d in cfg.eval.depths},
+                   "accuracy_by_depth_per_query": {d: m[depth_metric("acc_query", d)] for d in cfg.eval.depths},
                    "d50": ex.d50, "G": ex.G, "G_censored": ex.censored, "chance": m["chance"],
                    "train_seconds": m["train_seconds"], "wall_seconds": time.time() - t0,
                    "final_loss": m["loss"], "config": to_flat(cfg)}, f, indent=2)

@@ -293,6 +293,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     engine = prepare(model, tc, world, ema=trial.ema)  # the PSD EMA teacher, if a stage distills from one
 
     flat = to_flat(cfg)
+    acc_train = depth_metric("acc", cfg.task.train_depth)  # in the progress line
     start, train_seconds, eval_seconds, last_eval = 0, 0.0, 0.0, {}
     stage_seconds = [0.0] * len(stages)  # training seconds per stage, carried across resumes
     checkpoint = ray.train.get_checkpoint()  # ray
@@ -377,7 +378,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             }
             log(f"step {done:>6}/{tc.steps}  loss {metrics['loss']:.4f}  "
                 f"{n / max(window['seconds'], 1e-9):.2f} steps/s"
-                + (f"  acc_d{cfg.task.train_depth} {last_eval.get(f'acc_d{cfg.task.train_depth}', float('nan')):.3f}"
+                + (f"  {acc_train} {last_eval.get(acc_train, float('nan')):.3f}"
                    f"  G {last_eval['G']:.2f}" if last_eval else ""))
             window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
             if want_ckpt:
