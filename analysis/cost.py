@@ -3,10 +3,11 @@
 A sweep logs on every child run its plan as params (``cost.*``, ``par_ray.cost.TrialCost.params``: planned FLOPs,
 GPU-hours for training and evaluation, wall hours, dollars, the device, its peak) and what it used as metrics
 (``gpu_seconds_train``, ``gpu_seconds_eval``, ``gpu_seconds_stage{i}``: the training loop's measured seconds × its
-devices, ``par_ray.train.loop.gpu_seconds``); MLflow keeps the run's wall time (start to end). This module joins the
-two into the ``plan_vs_actual`` table and derives the measured MFU per device and phase, planned FLOPs ÷ (actual
-device-seconds × peak), written as ``cost_overrides.json``: a price file the sweeps' ``--prices`` reads
-(``par_ray.hardware.load_table``), so the next plan uses the MFU this sweep reached.
+devices, ``par_ray.train.loop.gpu_seconds``); both sets of names are ``par_ray.tracking_schema``'s. MLflow keeps the
+run's wall time (start to end). This module joins the two into the ``plan_vs_actual`` table and derives the measured
+MFU per device and phase, planned FLOPs ÷ (actual device-seconds × peak), written as ``cost_overrides.json``: a price
+file the sweeps' ``--prices`` reads (``par_ray.hardware.load_table``), so the next plan uses the MFU this sweep
+reached.
 """
 
 from __future__ import annotations
@@ -19,14 +20,12 @@ from pathlib import Path
 import polars as pl
 
 from analysis.tables import MISSING, Table
+from par_ray.tracking_schema import GPU_SECONDS_EVAL, GPU_SECONDS_TRAIN, cost_param
 
-PARAMS = {
-    "device": "cost.device", "devices": "cost.devices", "peak_flops": "cost.peak_flops",
-    "planned_train_flops": "cost.planned_train_flops", "planned_eval_flops": "cost.planned_eval_flops",
-    "planned_train_gpu_hours": "cost.planned_train_gpu_hours", "planned_eval_gpu_hours": "cost.planned_eval_gpu_hours",
-    "planned_wall_hours": "cost.planned_wall_hours", "planned_usd": "cost.planned_usd",
-}
-"""Frame column → MLflow param of the plan."""
+PARAMS = {field: cost_param(field) for field in (
+    "device", "devices", "peak_flops", "planned_train_flops", "planned_eval_flops", "planned_train_gpu_hours",
+    "planned_eval_gpu_hours", "planned_wall_hours", "planned_usd")}
+"""Frame column → MLflow param of the plan (``par_ray.tracking_schema.cost_param``)."""
 OVERRIDES_FILE = "cost_overrides.json"
 
 
@@ -35,7 +34,7 @@ def planned_frame(client, run_ids: typing.Iterable[str]) -> pl.DataFrame:
     rows = []
     for run_id in run_ids:
         params = client.get_run(run_id).data.params
-        if "cost.planned_train_flops" in params:
+        if PARAMS["planned_train_flops"] in params:
             rows.append({"run_id": run_id, **{col: params.get(key) for col, key in PARAMS.items()}})
     schema = {"run_id": pl.String, **{c: pl.String for c in PARAMS}}
     frame = pl.from_dicts(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
@@ -46,12 +45,11 @@ def planned_frame(client, run_ids: typing.Iterable[str]) -> pl.DataFrame:
 def joined(trials: pl.DataFrame, planned: pl.DataFrame) -> pl.DataFrame:
     """Finished trials with their plan and their actual device-hours, wall hours and measured MFUs."""
     have = set(trials.columns)
-    metric = {k: (pl.col(k) if k in have else pl.lit(None, pl.Float64)) for k in ("gpu_seconds_train",
-                                                                                     "gpu_seconds_eval")}
+    metric = {k: (pl.col(k) if k in have else pl.lit(None, pl.Float64)) for k in (GPU_SECONDS_TRAIN, GPU_SECONDS_EVAL)}
     frame = trials.filter(pl.col("status") == "FINISHED").join(planned, on="run_id", how="inner")
     return frame.with_columns(
-        (metric["gpu_seconds_train"] / 3600).alias("actual_train_gpu_hours"),
-        (metric["gpu_seconds_eval"] / 3600).alias("actual_eval_gpu_hours"),
+        (metric[GPU_SECONDS_TRAIN] / 3600).alias("actual_train_gpu_hours"),
+        (metric[GPU_SECONDS_EVAL] / 3600).alias("actual_eval_gpu_hours"),
         (pl.col("duration_s") / 3600).alias("actual_wall_hours"),
     ).with_columns(
         (pl.col("planned_train_flops") / (pl.col("actual_train_gpu_hours") * 3600 * pl.col("peak_flops")))

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 from par_ray.hardware import Table, load_table
 from par_ray.planner import ModelShape, model_shape
+from par_ray.tracking_schema import cost_param
 
 if typing.TYPE_CHECKING:
     from par_ray.config import RecipeConfig, TrialConfig
@@ -347,19 +348,20 @@ class TrialCost:
         return None if self.usd_spot_per_gpu_hour is None else self.gpu_hours * self.usd_spot_per_gpu_hour
 
     def params(self) -> dict[str, str]:
-        """MLflow params of the plan (``cost.*``), logged on the trial's child run."""
+        """MLflow params of the plan (``cost.<field>``, ``par_ray.tracking_schema.cost_param``), logged on the
+        trial's child run."""
         def num(x: float | None) -> str:
             return "n/a" if x is None else f"{x:.6g}"
 
-        return {"cost.planned_flops": num(self.flops.total), "cost.planned_train_flops": num(self.flops.train),
-                "cost.planned_eval_flops": num(self.flops.eval), "cost.device": self.device,
-                "cost.devices": str(self.count), "cost.planned_gpu_hours": num(self.gpu_hours),
-                "cost.planned_train_gpu_hours": num(self.train_gpu_hours),
-                "cost.planned_eval_gpu_hours": num(self.eval_gpu_hours),
-                "cost.planned_wall_hours": num(self.wall_hours), "cost.planned_usd": num(self.usd),
-                "cost.planned_usd_spot": num(self.usd_spot), "cost.mfu_train": num(self.mfu_train),
-                "cost.mfu_eval": num(self.mfu_eval), "cost.peak_flops": num(self.peak_flops),
-                "cost.node": self.node or "n/a", "cost.checkpoint_bytes": str(self.flops.checkpoint_bytes)}
+        fields = {"planned_flops": num(self.flops.total), "planned_train_flops": num(self.flops.train),
+                  "planned_eval_flops": num(self.flops.eval), "device": self.device, "devices": str(self.count),
+                  "planned_gpu_hours": num(self.gpu_hours), "planned_train_gpu_hours": num(self.train_gpu_hours),
+                  "planned_eval_gpu_hours": num(self.eval_gpu_hours), "planned_wall_hours": num(self.wall_hours),
+                  "planned_usd": num(self.usd), "planned_usd_spot": num(self.usd_spot),
+                  "mfu_train": num(self.mfu_train), "mfu_eval": num(self.mfu_eval),
+                  "peak_flops": num(self.peak_flops), "node": self.node or "n/a",
+                  "checkpoint_bytes": str(self.flops.checkpoint_bytes)}
+        return {cost_param(k): v for k, v in fields.items()}
 
 
 def trial_cost(cfg: TrialConfig, table: Table | None = None) -> TrialCost:

@@ -11,7 +11,10 @@
   depth D ``{kind}_d{D}`` (:func:`depth_metric`), with a stopping rule's suffix ``_k{k}n{n}t{tau}``
   (:func:`rule_suffix`) and/or the pending signal's ``_pending``; per iteration k ``{kind}_k{k}``
   (:func:`iteration_metric`); the final curve :data:`CURVE_BY_DEPTH` / :data:`CURVE_BY_MULTIPLE`;
-- artifacts :data:`ARTIFACTS`; a FAILED trial run also has :data:`TAG_ERROR` and :data:`ARTIFACT_ERROR`.
+- artifacts :data:`ARTIFACTS`; a FAILED trial run also has :data:`TAG_ERROR` and :data:`ARTIFACT_ERROR`;
+- cost (issue "what a sweep costs"): the plan as child-run params ``cost.<field>`` (:func:`cost_param`, fields
+  :data:`COST_FIELDS`, ``par_ray.cost.TrialCost.params``), what the trial used as metrics :data:`GPU_SECONDS_TRAIN`,
+  :data:`GPU_SECONDS_EVAL` and ``gpu_seconds_stage{i}`` (:func:`gpu_seconds_stage`); ``analysis.cost`` reads both.
 
 Metric names are parsed back with :func:`parse_metric`, or, column-wise in polars, with the regular expressions of
 :func:`depth_metric_pattern` and :func:`iteration_metric_pattern` (named groups, valid in Python's ``re`` and in
@@ -86,6 +89,19 @@ ITERATION_KINDS = ("loss", "rms", "halt_prob")
 PENDING_SUFFIX = "_pending"
 """Appended to a rule metric of the pending stopping signal (``recipe.dense_pending``)."""
 
+COST_PARAM_PREFIX = "cost."
+COST_FIELDS = ("planned_flops", "planned_train_flops", "planned_eval_flops", "device", "devices", "planned_gpu_hours",
+               "planned_train_gpu_hours", "planned_eval_gpu_hours", "planned_wall_hours", "planned_usd",
+               "planned_usd_spot", "mfu_train", "mfu_eval", "peak_flops", "node", "checkpoint_bytes", "error")
+"""The plan's params ``cost.<field>`` on a child run: FLOPs (training, evaluation), the device type and count, its
+peak FLOP/s per device, the MFUs assumed, device-hours, wall hours, dollars on-demand and spot, the node type priced,
+checkpoint bytes written (``par_ray.cost.TrialCost``); ``error`` instead when the trial could not be planned."""
+GPU_SECONDS_TRAIN = "gpu_seconds_train"
+"""Metric: seconds of the training steps × the trial's devices (CPU workers count as devices), so far."""
+GPU_SECONDS_EVAL = "gpu_seconds_eval"
+"""Metric: seconds of the evaluations × the trial's devices, so far."""
+_GPU_SECONDS_STAGE = "gpu_seconds_stage"
+
 _RULE = r"_k(?P<halt_k>\d+)n(?P<halt_n>\d+)t(?P<halt_tau>\d[0-9.e-]*)"
 
 
@@ -146,3 +162,22 @@ def parse_metric(name: str) -> dict | None:
                 out["rule"] = (int(m["halt_k"]), int(m["halt_n"]), float(m["halt_tau"]))
             return out
     return None
+
+
+def cost_param(field: str) -> str:
+    """``cost.<field>``, the param of the trial's planned ``field`` (:data:`COST_FIELDS`); ``ValueError`` naming the
+    fields for any other."""
+    if field not in COST_FIELDS:
+        raise ValueError(f"cost param field {field!r} is not one of {COST_FIELDS}")
+    return COST_PARAM_PREFIX + field
+
+
+def gpu_seconds_stage(stage: int) -> str:
+    """``gpu_seconds_stage{stage}``: the training seconds of stage ``stage`` (0-based) × the trial's devices."""
+    return f"{_GPU_SECONDS_STAGE}{int(stage)}"
+
+
+def is_gpu_seconds_metric(name: str) -> bool:
+    """Whether ``name`` is a device-seconds metric: :data:`GPU_SECONDS_TRAIN`, :data:`GPU_SECONDS_EVAL` or a
+    :func:`gpu_seconds_stage` name."""
+    return name in (GPU_SECONDS_TRAIN, GPU_SECONDS_EVAL) or bool(re.fullmatch(_GPU_SECONDS_STAGE + "[0-9]+", name))

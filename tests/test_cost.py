@@ -204,6 +204,24 @@ def test_cost_turns_flops_into_hours_and_dollars():
     assert set(c.params()) >= {"cost.planned_flops", "cost.planned_gpu_hours", "cost.planned_usd"}
 
 
+def test_cost_names_come_from_the_tracking_schema():
+    from analysis import cost as plan_cost
+    from par_ray import tracking_schema as schema
+    from par_ray.train.loop import gpu_seconds, is_timing_metric
+
+    params = cost.trial_cost(validate(local_trial())).params()
+    assert set(params) == {schema.cost_param(f) for f in schema.COST_FIELDS if f != "error"}
+    assert set(plan_cost.PARAMS.values()) <= set(params)  # the reader reads what the writer writes
+    with pytest.raises(ValueError, match="cost param field 'flops'"):
+        schema.cost_param("flops")
+    used = gpu_seconds(10.0, 2.0, [4.0, 6.0], world_size=2)
+    assert used == {"gpu_seconds_train": 20.0, "gpu_seconds_eval": 4.0, "gpu_seconds_stage0": 8.0,
+                    "gpu_seconds_stage1": 12.0}
+    assert all(schema.is_gpu_seconds_metric(k) and is_timing_metric(k) for k in used)
+    assert not any(schema.is_gpu_seconds_metric(k) for k in ("gpu_seconds_stage", "gpu_seconds_stagex", "loss"))
+    assert is_timing_metric("step_time_s") and not is_timing_metric("acc_d6")
+
+
 def test_sweep_wall_time_fills_free_slots_in_order():
     assert cost.sweep_wall_hours([1, 1, 1, 1], 2) == 2
     assert cost.sweep_wall_hours([3, 1, 1, 1], 2) == 3

@@ -29,7 +29,6 @@ STEPS = 6
 # Float32 on CPU: a different reduction order (two half-batch gradients summed by all-reduce, sharded clipping norms)
 # moves the loss in the 7th significant digit; this bound is ~100x what was measured and far below any real bug.
 LOSS_ATOL = 1e-4
-TIMING = loop.TIMING_METRICS
 
 
 def trial(**train) -> TrialConfig:
@@ -102,8 +101,8 @@ def assert_same_curve(got_reports, want_reports, steps=range(1, STEPS + 1)) -> f
 
 
 def assert_same_final(got: dict, want: dict, abs_tol: float = LOSS_ATOL):
-    keys = sorted(k for k in want if k not in TIMING)
-    assert sorted(k for k in got if k not in TIMING) == keys
+    keys = sorted(k for k in want if not loop.is_timing_metric(k))
+    assert sorted(k for k in got if not loop.is_timing_metric(k)) == keys
     for k in keys:
         assert math.isclose(got[k], want[k], abs_tol=abs_tol), f"{k}: {got[k]} vs {want[k]}"
 

@@ -36,7 +36,7 @@ from par_ray.cost import trial_cost
 from par_ray.hardware import load_table
 from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
                                 build_plan, cells_of, count_trials, missing_weights, resolve, trial_label)
-from par_ray.tracking_schema import TAG_PRESET, TAG_SMOKE_TEST, depth_metric, experiment_name
+from par_ray.tracking_schema import TAG_PRESET, TAG_SMOKE_TEST, cost_param, depth_metric, experiment_name
 
 STATUS_EVERY_S = 300
 """Seconds between Tune's status tables (one also comes first and last); progress lines come at every report."""
@@ -257,7 +257,7 @@ def _planned(cfg, table) -> dict[str, str]:
     try:
         return trial_cost(cfg, table).params()
     except Exception as e:  # noqa: BLE001 - bookkeeping must not stop a trial
-        return {"cost.error": f"{type(e).__name__}: {e}"[:400]}
+        return {cost_param("error"): f"{type(e).__name__}: {e}"[:400]}
 
 
 def _reporter(plan: Plan):

@@ -46,7 +46,8 @@ from par_ray.weights import parent_tokenizer, resolved_backbone
 from par_ray.objectives import par_loss
 from par_ray.schedules import iterations_at, plan_step
 from par_ray.tasks import build_task
-from par_ray.tracking_schema import depth_metric, iteration_metric
+from par_ray.tracking_schema import (GPU_SECONDS_EVAL, GPU_SECONDS_TRAIN, depth_metric, gpu_seconds_stage,
+                                     is_gpu_seconds_metric, iteration_metric)
 from par_ray.schedules import stretch_cap
 from par_ray.stages import frozen_parameters, stage_at
 from par_ray.train.checkpoint import read_extra
@@ -63,17 +64,16 @@ written before it existed lack it). Every other field changes what is trained (a
 shapes the LR schedule, the data), so a resume must match it."""
 
 
-class _Names(tuple):
-    """Metric names, where ``"prefix*"`` stands for every name with that prefix (``name in names``)."""
-
-    def __contains__(self, name) -> bool:
-        return any(name == n or (n.endswith("*") and str(name).startswith(n[:-1])) for n in self)
+TIMING_METRICS = frozenset({"step_time_s", "tokens_per_s", "peak_memory_mb", "train_seconds", "eval_seconds",
+                            "eval_seconds_total"})
+"""Reported metrics that measure the machine, not the model, besides the device-seconds (:func:`is_timing_metric`)."""
 
 
-TIMING_METRICS = _Names(("step_time_s", "tokens_per_s", "peak_memory_mb", "train_seconds", "eval_seconds",
-                         "eval_seconds_total", "gpu_seconds_train", "gpu_seconds_eval", "gpu_seconds_stage*"))
-"""Reported metrics that measure the machine, not the model: they differ between runs of the same trial (world
-size, load), so parity tests compare every other metric."""
+def is_timing_metric(name: str) -> bool:
+    """Whether reported metric ``name`` measures the machine, not the model (:data:`TIMING_METRICS` and the
+    device-seconds, ``par_ray.tracking_schema.is_gpu_seconds_metric``): it differs between runs of the same trial
+    (world size, load), so parity tests compare every other metric."""
+    return name in TIMING_METRICS or is_gpu_seconds_metric(name)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -399,8 +399,8 @@ def gpu_seconds(train_seconds: float, eval_seconds: float, stage_seconds: list[f
     as devices): ``gpu_seconds_train`` (the training steps), ``gpu_seconds_stage{i}`` (per stage) and
     ``gpu_seconds_eval`` (the evaluations). The actual side of ``par_ray.cost``'s plan (``python -m analysis``'s
     plan-vs-actual table)."""
-    return {"gpu_seconds_train": train_seconds * world_size, "gpu_seconds_eval": eval_seconds * world_size,
-            **{f"gpu_seconds_stage{i}": s * world_size for i, s in enumerate(stage_seconds)}}
+    return {GPU_SECONDS_TRAIN: train_seconds * world_size, GPU_SECONDS_EVAL: eval_seconds * world_size,
+            **{gpu_seconds_stage(i): s * world_size for i, s in enumerate(stage_seconds)}}
 
 
 def _report_with_checkpoint(engine, metrics: dict, extra: dict, export_dir: str | None) -> None:
