@@ -41,7 +41,8 @@ R_max = ``evaluation.halt_max_iterations`` iterations read out at every one of t
 Time and money: GPU-seconds = FLOPs ÷ (peak × MFU), with separate MFUs for training and evaluation
 (``par_ray.hardware``: assumed, or measured); a trial's wall time = GPU-seconds ÷ its GPUs; dollars = GPU-hours ×
 the price per GPU-hour of the node type that holds the trial (on-demand and spot). A CPU trial (local preset) is
-costed the same way with the measured fp32 peak of one core per thread, at no price.
+costed the same way with the fp32 peak of one core per thread with every core busy
+(``par_ray.hardware.measure_cpu_peak``), at no price.
 
 Checkpoint bytes written (:func:`checkpoint_bytes_written`): every ``checkpoint_every`` steps and at the end, the
 strategy's format (model, AdamW state, the EMA teacher), summed over the trial.

@@ -7,8 +7,10 @@ accelerator types (``ray.util.accelerators``; see ``GPU_MEMORY_GB`` for how Ray 
 local preset's CPU workers.
 
 Peaks are the dense bf16 tensor-core figures of NVIDIA's datasheets (no 2:4 sparsity); the CPU's is an fp32
-``torch.mm`` peak per core measured on the development machine (``benchmarks/bench_throughput.py``'s
-``matmul_peak``). Prices are USD per GPU-hour of the node types in ``cluster/aws.yaml``, ``cluster/gcp.yaml`` and
+``torch.mm`` peak per core with every core busy (a local sweep runs one 1-CPU trial per core), measured on a
+development machine; CPUs differ more than 2× between machines, so measure this one
+(``python -m par_ray.hardware --measure-cpu --out cpu.json``, :func:`measure_cpu_peak`) and pass it as
+``--prices cpu.json``. Prices are USD per GPU-hour of the node types in ``cluster/aws.yaml``, ``cluster/gcp.yaml`` and
 ``cluster/kuberay/raycluster.yaml`` (:data:`NODE_PRICES`: node price ÷ GPUs per node), each with its region, date
 and source. They are list prices as published by the providers at the date given, copied by hand; they were not
 re-checked online when this table was written (December 2026), spot prices move daily, and spot H100 capacity is
@@ -55,7 +57,8 @@ class Device:
     memory_gb: float
     """GB per device (decimal, the product figure; the planner's capacity)."""
     peak_tflops: float | None
-    """Dense bf16 tensor-core TFLOP/s per device (``CPU``: fp32 ``torch.mm`` GFLOP/s ÷ 1000 per core);
+    """Dense bf16 tensor-core TFLOP/s per device (``CPU``: fp32 ``torch.mm`` GFLOP/s ÷ 1000 per core, every core
+    busy);
     ``None`` when unknown (no GPU-hours can be planned on it)."""
     peak_source: str = ""
     nodes: tuple[NodePrice, ...] = ()
@@ -104,8 +107,9 @@ DEVICES: dict[str, Device] = {
     "H100": Device(80, 989.4, _DATASHEET.format("H100 SXM"),
                    (NODE_PRICES["p5.48xlarge"], NODE_PRICES["a3-highgpu-8g"])),
     "H200": Device(141, 989.4, _DATASHEET.format("H200 SXM")),
-    "CPU": Device(0, 0.179, "fp32 torch.mm at 2048^3, one thread, the development machine's Xeon (README, Performance; "
-                  "measure yours with benchmarks/bench_throughput.py's matmul_peak and pass --prices)"),
+    "CPU": Device(0, 0.087, "fp32 torch.mm at 2048^3 per core with both cores of a 2-core AMD EPYC (Zen 3) VM busy, "
+                  "December 2026; machines differ 2x and more (README, Performance): measure yours with python -m "
+                  "par_ray.hardware --measure-cpu --out cpu.json and pass --prices cpu.json"),
 }
 """Ray accelerator type → :class:`Device`. ``CPU`` is the local preset's worker (one core per thread; no price)."""
 
@@ -115,13 +119,20 @@ ANY_GPU = "H100"
 """The type a GPU trial without ``train.accelerator_type`` is costed as: the paper preset then plans for an 80 GB
 GPU of any type (``par_ray.presets.PAPER_GPU_MEMORY_GB``)."""
 
-DEFAULT_MFU = {"gpu": {"train": 0.25, "eval": 0.15}, "cpu": {"train": 0.35, "eval": 0.35}}
+DEFAULT_MFU = {"gpu": {"train": 0.25, "eval": 0.15}, "cpu": {"train": 0.38, "eval": 0.42}}
 """Assumed MFU by device kind and phase, until a measurement replaces it. GPU: the trials' matmuls are small
 (B·T of a few thousand tokens, hidden 896–3584) and the loop adds many small kernels per iteration, so a quarter of
 the bf16 peak in training and less in evaluation (smaller batches per call, the readout's narrow matmuls) — no GPU
-has measured it yet (``benchmarks/gpu_check.py`` does). CPU: a local-preset training step reached 0.42 of the
-one-thread fp32 peak alone (``benchmarks/bench_throughput.py``, README); two trials side by side on two cores share
-memory bandwidth, hence 0.35."""
+has measured it yet (``benchmarks/gpu_check.py`` does).
+
+CPU (the local preset: 1-CPU workers, one torch thread each, as many trials side by side as the machine has cores):
+relative to the CPU peak *per core with every core busy* (:func:`measure_cpu_peak` with ``workers`` = the cores),
+measured with tiny-qwen2 and tiny-qwen3 local-preset trials training side by side on a 2-core AMD EPYC VM (December
+2026; 40 steps of the trial's own (d, R) draws, FLOPs of those draws, then one full evaluation): training 0.39 and
+0.37 (0.46 / 0.40 alone), evaluation 0.42 (0.44 alone). Two trials slow each other more than two big matmuls do
+(the per-core matmul peak drops 5 % with both cores busy, a training step 12–19 %): backward and AdamW are memory
+bound and share the memory bandwidth and L3. What a trial reaches inside a Ray sweep (Ray's own processes on the
+same cores) is measured by ``python -m analysis`` (``cost_overrides.json``)."""
 
 
 @dataclass(frozen=True)
@@ -246,3 +257,109 @@ def _from_gpu_check(doc: dict, path: str) -> dict:
     name = ray_accelerator_type(str(device))
     return {"devices": {name: {"mfu_train": sum(mfus) / len(mfus),
                                "mfu_source": f"{path} (benchmarks/gpu_check.py, {doc.get('started', '?')})"}}}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Measuring this machine's CPU peak
+
+def measure_cpu_peak(workers: int = 1, seconds: float = 2.0, size: int = 2048) -> float:
+    """fp32 ``torch.mm`` FLOP/s of one core while ``workers`` cores run it at once, one thread each: the peak one CPU
+    worker of a local sweep gets when ``workers`` trials (1-CPU workers) train side by side. Square ``size``³
+    products, repeated for ``seconds``; the best timed batch of each core, averaged over the cores.
+
+    Run in threads of this process with torch's intra-op threads set to 1 for the measurement (``torch.mm`` releases
+    the GIL), restored after. Raises ``ValueError`` naming ``workers`` or ``seconds`` if not positive."""
+    import os
+    import threading
+    import time
+
+    import torch
+
+    if workers < 1 or workers > (os.cpu_count() or 1):
+        raise ValueError(f"workers: must be in 1..{os.cpu_count()} (this machine's CPUs), got {workers}")
+    if not seconds > 0:
+        raise ValueError(f"seconds: must be > 0, got {seconds}")
+    flops = 2 * size ** 3
+    best = [0.0] * workers
+    start = threading.Barrier(workers)
+
+    def run(i: int) -> None:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        torch.mm(a, b)
+        start.wait()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best[i] = max(best[i], flops / (time.perf_counter() - t0))
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pool = [threading.Thread(target=run, args=(i,)) for i in range(workers)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    finally:
+        torch.set_num_threads(threads)
+    return sum(best) / workers
+
+
+def cpu_peak_overrides(peak_flops: float, workers: int) -> dict:
+    """A price file (:func:`load_table`) setting the ``CPU`` peak to ``peak_flops`` (FLOP/s per worker), measured
+    with ``workers`` cores busy."""
+    import datetime
+    import platform
+
+    where = _cpu_model() or platform.machine()
+    when = datetime.date.today().isoformat()
+    return {"devices": {"CPU": {"peak_tflops": peak_flops / 1e12, "peak_source": (
+        f"fp32 torch.mm at 2048^3 per core with {workers} core(s) busy, measured {when} on {where} "
+        f"(python -m par_ray.hardware --measure-cpu)")}}}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m par_ray.hardware --measure-cpu [--workers N] [--out FILE]``: this machine's CPU peak as a price
+    file for the sweeps' ``--prices``."""
+    import argparse
+    import os
+
+    ap = argparse.ArgumentParser(prog="python -m par_ray.hardware",
+                                 description="Measure this machine's CPU peak for the local preset's cost plan and "
+                                             "write it as a price file (--prices FILE of the sweeps).")
+    ap.add_argument("--measure-cpu", action="store_true", required=True,
+                    help="measure the fp32 matmul peak per core")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                    help="cores busy at once, one thread each: the local sweep's trials side by side (default: all "
+                         "CPUs, as a local sweep of 1-CPU trials runs them)")
+    ap.add_argument("--seconds", type=float, default=2.0, help="measuring time (default 2)")
+    ap.add_argument("--out", help="write the price file here (default: print it)")
+    args = ap.parse_args(argv)
+    try:
+        peak = measure_cpu_peak(args.workers, args.seconds)
+    except ValueError as e:
+        ap.error(str(e))
+    text = json.dumps(cpu_peak_overrides(peak, args.workers), indent=2) + "\n"
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"CPU peak {peak / 1e9:.1f} GFLOP/s per core with {args.workers} busy: {args.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

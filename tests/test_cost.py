@@ -288,6 +288,19 @@ def test_gpu_check_json_sets_the_measured_training_mfu(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------------
 # The sweeps: dry-run table, --max-usd
 
+def test_measured_cpu_peak_becomes_the_cpu_workers_peak(tmp_path, capsys):
+    out = tmp_path / "cpu.json"
+    assert hardware.main(["--measure-cpu", "--workers", "1", "--seconds", "0.05", "--out", str(out)]) == 0
+    assert "GFLOP/s per core with 1 busy" in capsys.readouterr().out
+    table = hardware.load_table(str(out))
+    cpu = table.devices["CPU"]
+    assert cpu.peak_tflops > 0 and "with 1 core(s) busy" in cpu.peak_source
+    c = cost.trial_cost(validate(local_trial()), table)
+    assert c.peak_flops == pytest.approx(cpu.peak_tflops * 1e12)  # one thread per worker
+    with pytest.raises(ValueError, match="workers: must be in 1"):
+        hardware.measure_cpu_peak(workers=0)
+
+
 def test_dry_run_prints_the_cost_table(capsys, tmp_path):
     from par_ray.sweep import main
     from sweeps.backbone_scaling import SPEC
