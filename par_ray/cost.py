@@ -45,7 +45,8 @@ costed the same way with the fp32 peak of one core per thread with every core bu
 (``par_ray.hardware.measure_cpu_peak``), at no price.
 
 Checkpoint bytes written (:func:`checkpoint_bytes_written`): every ``checkpoint_every`` steps and at the end, the
-strategy's format (model, AdamW state, the EMA teacher), summed over the trial.
+strategy's format (model, AdamW state, the EMA teacher), summed over the trial. The export a single run leaves in
+``final/`` (:func:`export_bytes`) is the model's float32 weights only, 4 B per parameter.
 """
 
 from __future__ import annotations
@@ -261,6 +262,23 @@ def trial_shape(cfg: TrialConfig) -> ModelShape:
     return model_shape(cfg.backbone.name, cfg.backbone.split, vocab_size=model_vocab(cfg))
 
 
+def _num_params(cfg: TrialConfig) -> int:
+    """Ψ of the trial's model (the planner's count: tied weights once, adapter, untied core copies)."""
+    return model_shape(cfg.backbone.name, cfg.backbone.split, tied=cfg.recipe.tied,
+                       untied_copies=cfg.recipe.max_iterations, vocab_size=model_vocab(cfg)).total_params
+
+
+EXPORT_BYTES_PER_PARAM = 4
+"""The export's bytes per parameter: float32 master weights (``par_ray.train.checkpoint.export_model``)."""
+
+
+def export_bytes(cfg: TrialConfig, num_params: int | None = None) -> int:
+    """Bytes of the trial's export (``python -m par_ray.train``'s ``final/``: ``model.safetensors``, weights only,
+    float32, tied weights once): 4 B × Ψ, plus a header of a few kB that is not counted. ``num_params`` default:
+    the planner's count of the trial's model."""
+    return EXPORT_BYTES_PER_PARAM * (num_params if num_params is not None else _num_params(cfg))
+
+
 def checkpoint_bytes_written(cfg: TrialConfig, num_params: int | None = None) -> int:
     """Bytes all checkpoints of the trial write, summed: every ``train.checkpoint_every`` steps and at the end, each
     the strategy's format (``par_ray.train.strategies``): ddp/fsdp fp32 model + AdamW m, v (16 B per parameter);
@@ -269,9 +287,7 @@ def checkpoint_bytes_written(cfg: TrialConfig, num_params: int | None = None) ->
     from par_ray.trial import resolve
 
     tr = cfg.train
-    psi = num_params if num_params is not None else model_shape(
-        cfg.backbone.name, cfg.backbone.split, tied=cfg.recipe.tied, untied_copies=cfg.recipe.max_iterations,
-        vocab_size=model_vocab(cfg)).total_params
+    psi = num_params if num_params is not None else _num_params(cfg)
     per_param = 16 if tr.strategy != "deepspeed" else (14 if tr.use_gpu else 12)
     per_param += 4 if resolve(cfg).ema else 0
     every = tr.checkpoint_every

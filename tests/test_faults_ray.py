@@ -171,7 +171,9 @@ def test_cli_run_on_two_fsdp_workers_resumes_on_one_without_a_stale_shard(tmp_pa
                            timeout=900, cwd=ROOT, env=env)
     print(first.stdout[-3000:], first.stderr[-3000:], sep="\n----- stderr -----\n")
     assert first.returncode == 0, first.stderr[-3000:]
-    assert {p.name for p in (out / "final").glob("*.distcp")} == {"__0_0.distcp", "__1_0.distcp"}
+    export = {"extra.json", "model.safetensors"}  # the weights only, gathered from both ranks' shards
+    assert {p.name for p in (out / "final").iterdir()} == export
+    first_export = (out / "final" / "model.safetensors").stat().st_mtime_ns
 
     second = subprocess.run(base + ["--workers", "1", "--strategy", "fsdp"], capture_output=True, text=True,
                             timeout=900, cwd=ROOT, env=env)
@@ -179,7 +181,8 @@ def test_cli_run_on_two_fsdp_workers_resumes_on_one_without_a_stale_shard(tmp_pa
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming the run in" in second.stdout and "resumed from step 4" in second.stdout
     assert "step      2/4" not in second.stdout  # nothing retrained
-    assert {p.name for p in (out / "final").glob("*.distcp")} == {"__0_0.distcp"}
+    assert {p.name for p in (out / "final").iterdir()} == export
+    assert (out / "final" / "model.safetensors").stat().st_mtime_ns > first_export  # the new run's export
     assert not (out / "final.partial").exists()
     assert json.loads((out / "result.json").read_text())["config"]["train.num_workers"] == 1
 

@@ -68,11 +68,20 @@ def fit(cfg, tmp_path, name="run", max_failures=0, callbacks=()):
 
 
 def assert_export_loads(tmp_path, result, fmt, like=None, atol=1e-3):
-    """The final export loads on this process (no process group) with ``load_trained``; it evaluates to the run's
-    own final accuracies (within one test sequence: 2 ranks and 1 process batch rows differently) and, given
-    ``like`` (another export of the same trial), holds the same weights."""
+    """The final export (weights only, safetensors) of a run with strategy ``fmt`` loads on this process (no process
+    group) with ``load_trained``, bit for bit the weights of the run's last checkpoint in ``fmt``'s own format
+    (optimizer state included); it evaluates to the run's own final accuracies (within one test sequence: 2 ranks
+    and 1 process batch rows differently) and, given ``like`` (another export of the same trial), holds the same
+    weights."""
     trained = load_trained(str(tmp_path))
-    assert trained.format == fmt and trained.step == STEPS
+    assert trained.format == "safetensors" and trained.step == STEPS and trained.config.train.strategy == fmt
+    with result.checkpoint.as_directory() as d:
+        checkpoint = load_trained(d)
+    assert checkpoint.format == fmt and checkpoint.step == STEPS
+    want = checkpoint.model.state_dict()
+    assert sorted(trained.model.state_dict()) == sorted(want)
+    for k, v in trained.model.state_dict().items():
+        assert torch.equal(v, want[k]), k
     ev = evaluate_trained(trained)
     for d, acc in ev["acc"].items():
         assert abs(acc - result.metrics[f"acc_d{d}"]) <= 1 / 16 + 1e-9, (d, acc, result.metrics[f"acc_d{d}"])

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, to_flat, with_overrides
 from par_ray.train.checkpoint import evaluate_trained, load_trained
@@ -45,8 +46,9 @@ def test_metrics_log_appends_reports_and_failures(tmp_path):
     ]
 
 
-def test_local_run_exports_final_state(tmp_path):
-    """``export_dir`` gets the last step's state in the strategy's format (ddp: state.pt + extra.json)."""
+def test_local_run_exports_final_weights_only(tmp_path):
+    """``export_dir`` gets the last step's weights only (model.safetensors + extra.json): no optimizer or scheduler
+    state, which stays in the resumable checkpoints."""
     cfg = TrialConfig(task=TaskConfig(train_depth=4), recipe=RecipeConfig(grad_window=2, max_iterations=8),
                       train=TrainConfig(steps=3, batch_size=4, warmup_steps=1, threads_per_worker=1,
                                         checkpoint_every=0),
@@ -55,8 +57,9 @@ def test_local_run_exports_final_state(tmp_path):
     build_trainer(cfg, None, str(tmp_path / "ray"), local=True, export_dir=str(tmp_path / "final")).fit()
     torch.set_num_threads(threads)
     assert json.loads((tmp_path / "final" / "extra.json").read_text())["step"] == 3
-    state = torch.load(tmp_path / "final" / "state.pt", weights_only=True)
-    assert set(state) == {"model", "optimizer", "scheduler"} and state["scheduler"]["last_epoch"] == 3
+    assert sorted(p.name for p in (tmp_path / "final").iterdir()) == ["extra.json", "model.safetensors"]
+    with safe_open(str(tmp_path / "final" / "model.safetensors"), "pt") as f:
+        assert f.metadata()["par_ray.step"] == "3" and "embed_tokens.weight" in set(f.keys())
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -159,7 +162,7 @@ def test_final_report_has_per_iteration_probe_and_checkpoint_holds_last_eval(tmp
     assert extra["config"] == json.loads(json.dumps(to_flat(tiny())))
     # the export loads with the project's own loader and evaluates to the run's own final numbers
     trained = load_trained(str(tmp_path))
-    assert trained.format == "ddp" and trained.step == 3 and trained.config == tiny()
+    assert trained.format == "safetensors" and trained.step == 3 and trained.config == tiny()
     ev = evaluate_trained(trained)
     assert ev["acc"] == {4: m["acc_d4"], 8: m["acc_d8"]} and ev["G"] == m["G"]
 

@@ -2,8 +2,9 @@
 
 Runs the one training loop (``par_ray.train.loop``) in Ray Train's local mode (or on ``--workers`` Ray workers),
 prints progress and, at the end, the accuracy-by-depth table and G, and writes ``OUT/result.json``. Any other knob:
-``--set section.field=value``. The final model is ``OUT/final`` (load it with
-``par_ray.train.checkpoint.load_trained``).
+``--set section.field=value``. The final model is ``OUT/final``: its weights only, ``model.safetensors`` (float32)
++ ``extra.json`` (step and config), whatever the strategy; load it with ``par_ray.train.checkpoint.load_trained``,
+or read it with ``safetensors.safe_open``. Optimizer state lives only in the resumable checkpoints under ``OUT/ray``.
 
 ``OUT/config.json`` records the config of the run in ``OUT``. Rerunning with the same ``--out`` continues that run
 from its latest checkpoint only when the config is the same (workers and threads may change); any other config is

@@ -22,8 +22,24 @@ DCP and DeepSpeed name files by rank, and only rank 0 writes the rest).
   with DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint``, which merges every rank's fp32 partitions on the
   CPU.
 
+The **export** (:data:`EXPORT`, ``python -m par_ray.train``'s ``final/``, :func:`export_model`) is what a user loads
+for analysis and probes: the looped model's weights only, float32 as trained (no optimizer, scheduler or EMA state:
+those live only in the resumable checkpoints above), in ``model.safetensors``, plus ``extra.json`` (step and flat
+trial config, also in the file's metadata). Every strategy writes the same file: rank 0 gathers the full weights
+(ddp: its replica; fsdp: ``get_model_state_dict(full_state_dict=True)``; deepspeed: every parameter's fp32 master
+copy, ``safe_get_full_fp32_param``). It is readable without par_ray::
+
+    from safetensors import safe_open
+    with safe_open("runs/x/final/model.safetensors", "pt") as f:
+        f.metadata()["par_ray.config"], f.get_tensor("embed_tokens.weight")
+
+Tied weights are stored once (safetensors refuses shared tensors); ``metadata()["par_ray.aliases"]`` (JSON) maps each
+dropped name to the name it shares storage with (``lm_head.weight`` → ``embed_tokens.weight`` for a parent with tied
+word embeddings).
+
 The format is recognised by its files (:func:`checkpoint_format`), so a directory needs no other label; the config
-comes from ``extra.json`` (or, for exports that predate it, the run's ``result.json``).
+comes from ``extra.json`` (or, for exports that predate it, the run's ``result.json``). Older ``final/`` directories
+(the strategy's full checkpoint, optimizer state included) still load: they are checkpoints of the formats above.
 """
 
 from __future__ import annotations
@@ -53,6 +69,10 @@ DEEPSPEED_LATEST = "latest"
 """deepspeed: the file naming the newest tag."""
 EMA_FILE = "ema.pt"
 """deepspeed: rank 0's full copy of the EMA teacher (not partitioned under ZeRO)."""
+EXPORT_FILE = "model.safetensors"
+"""The export's weights (:func:`export_model`): safetensors, float32, tied weights stored once."""
+EXPORT = "safetensors"
+"""The export's format name (:attr:`Trained.format`, :func:`checkpoint_format`)."""
 RESULT_FILE = "result.json"
 """``python -m par_ray.train``'s result beside ``final/`` (the config of exports older than ``extra.json``'s)."""
 
@@ -121,6 +141,13 @@ def _full_state_model(directory: str, template: torch.nn.Module) -> dict[str, to
     return torch.load(os.path.join(directory, STATE_FILE), map_location="cpu", weights_only=True)["model"]
 
 
+def _gather_replica(engine) -> dict[str, torch.Tensor] | None:
+    """ddp (and a plain model): rank 0's replica is the full model."""
+    if engine.world.rank != 0:
+        return None
+    return {k: v.detach().cpu() for k, v in engine.raw.state_dict().items()}
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # fsdp: torch.distributed.checkpoint (DCP) shards
 
@@ -173,6 +200,17 @@ def _dcp_model(directory: str, template: torch.nn.Module) -> dict[str, torch.Ten
     return state["model"]
 
 
+def _gather_dcp(engine) -> dict[str, torch.Tensor] | None:
+    """fsdp: every rank joins ``get_model_state_dict(full_state_dict=True, cpu_offload=True)``, which all-gathers each
+    parameter's shards; rank 0 gets full CPU tensors (the sharded parameters' dtype: float32), the others none."""
+    if not engine.world.has_process_group:  # Ray Train's local mode: the model is left plain (strategies.fsdp)
+        return _gather_replica(engine)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return state if engine.world.rank == 0 else None
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # deepspeed: DeepSpeed's own checkpoints (ZeRO partitions per rank)
 
@@ -208,6 +246,33 @@ def _zero_model(directory: str, template: torch.nn.Module) -> dict[str, torch.Te
     return get_fp32_state_dict_from_zero_checkpoint(directory, tag=DEEPSPEED_TAG)
 
 
+def _gather_zero(engine) -> dict[str, torch.Tensor] | None:
+    """deepspeed: each parameter's fp32 master copy, assembled from every rank's partition
+    (``deepspeed.utils.safe_get_full_fp32_param``: a collective per parameter under ZeRO 1/2/3, on every rank in the
+    same order); frozen parameters (no master copy) are read from the module (ZeRO-3: gathered first). Buffers come
+    from the module. Rank 0 gets full CPU tensors, the others none."""
+    import deepspeed as ds
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    raw, rank = engine.raw, engine.world.rank
+    params: dict[str, torch.Tensor] = {}
+    for name, p in raw.named_parameters():  # tied parameters once
+        full = safe_get_full_fp32_param(p)
+        if full is None:  # no master copy (frozen): the module's own value
+            if hasattr(p, "ds_id"):  # ZeRO-3: partitioned, gather it
+                with ds.zero.GatheredParameters([p], modifier_rank=None):
+                    full = p.detach().float().clone()
+            else:
+                full = p.detach().float()
+        if rank == 0:
+            params[name] = full.detach().cpu()
+    if rank != 0:
+        return None
+    names = {id(p): n for n, p in raw.named_parameters()}
+    return {k: params[names[id(v)]] if id(v) in names else v.detach().cpu()
+            for k, v in raw.state_dict(keep_vars=True).items()}
+
+
 # --------------------------------------------------------------------------------------------------------------------
 
 
@@ -225,14 +290,77 @@ class CheckpointFormat:
     """``(directory, template) -> full float32 model state dict`` on one process (:func:`model_state_dict`)."""
     marker: str
     """The file or directory whose presence identifies the format (:func:`checkpoint_format`)."""
+    gather: Callable[..., dict | None]
+    """``(engine) -> full model state dict on rank 0 (CPU), None elsewhere``, called on every rank
+    (:func:`export_model`)."""
 
 
-FULL_STATE = CheckpointFormat("ddp", save_full_state, load_full_state, _full_state_model, STATE_FILE)
-DCP_SHARDS = CheckpointFormat("fsdp", save_dcp, load_dcp, _dcp_model, DCP_METADATA)
-ZERO_PARTITIONS = CheckpointFormat("deepspeed", save_zero, load_zero, _zero_model, DEEPSPEED_TAG)
+FULL_STATE = CheckpointFormat("ddp", save_full_state, load_full_state, _full_state_model, STATE_FILE,
+                              _gather_replica)
+DCP_SHARDS = CheckpointFormat("fsdp", save_dcp, load_dcp, _dcp_model, DCP_METADATA, _gather_dcp)
+ZERO_PARTITIONS = CheckpointFormat("deepspeed", save_zero, load_zero, _zero_model, DEEPSPEED_TAG, _gather_zero)
 
 FORMATS: dict[str, CheckpointFormat] = {f.name: f for f in (FULL_STATE, DCP_SHARDS, ZERO_PARTITIONS)}
 """Strategy name → its checkpoint format."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The export: weights only, safetensors (module docstring)
+
+
+def tied_aliases(module: torch.nn.Module) -> dict[str, str]:
+    """``{dropped name: kept name}`` for state-dict entries that are the same tensor in ``module`` (tied weights,
+    e.g. ``lm_head.weight`` → ``embed_tokens.weight``): the first name in state-dict order is kept."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, t in module.state_dict(keep_vars=True).items():
+        if id(t) in first:
+            aliases[name] = first[id(t)]
+        else:
+            first[id(t)] = name
+    return aliases
+
+
+def export_model(engine, directory: str, extra: dict) -> None:
+    """Write the trained model's weights, without optimizer state, as ``directory/model.safetensors`` + ``extra.json``.
+
+    Called on every rank (FSDP and ZeRO gather collectively; :attr:`CheckpointFormat.gather`); rank 0 writes. The
+    tensors are the strategy's full-precision weights (float32 master weights, whatever the compute dtype), one
+    entry per state-dict name, tied weights once (:func:`tied_aliases`, listed in the metadata). The file is written
+    to a temporary name and renamed, then ``extra.json`` last (:func:`write_extra`): a directory with both is whole.
+    Loaded by :func:`load_trained`; readable with ``safetensors.safe_open`` alone (module docstring).
+
+    Args:
+        engine: a ``par_ray.train.strategies.Engine`` (its :attr:`checkpoint` format says how to gather).
+        extra: the loop's bookkeeping; its ``"config"`` (flat trial config) is what :func:`load_trained` needs.
+    """
+    from safetensors.torch import save_file
+
+    state = engine.checkpoint.gather(engine)
+    if engine.world.rank == 0:
+        aliases = tied_aliases(engine.raw)
+        tensors = {k: v.contiguous() for k, v in state.items() if k not in aliases}
+        metadata = {"format": "pt", "par_ray.kind": "looped_lm", "par_ray.step": str(extra.get("step", -1)),
+                    "par_ray.strategy": engine.checkpoint.name, "par_ray.aliases": json.dumps(aliases),
+                    "par_ray.config": json.dumps(extra.get("config"))}
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, EXPORT_FILE)
+        save_file(tensors, path + ".tmp", metadata=metadata)
+        os.replace(path + ".tmp", path)
+    write_extra(directory, extra, engine.world.rank)
+
+
+def _export_model(directory: str, template: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The export's tensors, tied names filled in from the file's alias table."""
+    from safetensors import safe_open
+
+    path = os.path.join(directory, EXPORT_FILE)
+    with safe_open(path, "pt", device="cpu") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}
+        aliases = json.loads((f.metadata() or {}).get("par_ray.aliases", "{}"))
+    for name, kept in aliases.items():
+        state[name] = state[kept]
+    return state
 
 
 @dataclass
@@ -246,12 +374,15 @@ class Trained:
     step: int
     """Optimizer steps behind these weights (-1 if the checkpoint does not say)."""
     format: str
-    """``ddp``, ``fsdp`` or ``deepspeed``: the checkpoint format it was read from."""
+    """``safetensors`` (an export, :func:`export_model`) or ``ddp``, ``fsdp``, ``deepspeed``: the checkpoint format
+    it was read from."""
 
 
 def checkpoint_format(directory: str) -> str:
-    """``ddp``, ``fsdp`` or ``deepspeed`` from the files in ``directory``; ``FileNotFoundError`` naming what was
-    looked for when it holds none of them."""
+    """``safetensors`` (an export), ``ddp``, ``fsdp`` or ``deepspeed`` from the files in ``directory``;
+    ``FileNotFoundError`` naming what was looked for when it holds none of them."""
+    if os.path.isfile(os.path.join(directory, EXPORT_FILE)):
+        return EXPORT
     if os.path.isfile(os.path.join(directory, STATE_FILE)):
         return FULL_STATE.name
     if os.path.isfile(os.path.join(directory, DCP_METADATA)):
@@ -259,8 +390,8 @@ def checkpoint_format(directory: str) -> str:
     if (os.path.isdir(os.path.join(directory, DEEPSPEED_TAG))
             or os.path.isfile(os.path.join(directory, DEEPSPEED_LATEST))):
         return ZERO_PARTITIONS.name
-    raise FileNotFoundError(f"{directory}: no model checkpoint here (looked for {STATE_FILE} (ddp), {DCP_METADATA} "
-                            f"(fsdp DCP) and {DEEPSPEED_TAG}/ (DeepSpeed ZeRO))")
+    raise FileNotFoundError(f"{directory}: no model checkpoint here (looked for {EXPORT_FILE} (export), {STATE_FILE} "
+                            f"(ddp), {DCP_METADATA} (fsdp DCP) and {DEEPSPEED_TAG}/ (DeepSpeed ZeRO))")
 
 
 def resolve_checkpoint_dir(path: str) -> str:
@@ -296,14 +427,17 @@ def model_state_dict(directory: str, template: torch.nn.Module) -> dict[str, tor
     Raises:
         FileNotFoundError: ``directory`` holds no known format.
     """
-    return FORMATS[checkpoint_format(directory)].model_state(directory, template)
+    fmt = checkpoint_format(directory)
+    if fmt == EXPORT:
+        return _export_model(directory, template)
+    return FORMATS[fmt].model_state(directory, template)
 
 
 def load_trained(path: str) -> Trained:
     """The model of a run directory (its ``final/`` export) or of any checkpoint directory, on the CPU.
 
-    Works for every strategy's format (ddp ``state.pt``, FSDP2 DCP shards, DeepSpeed ZeRO-1/2/3 partitions) on one
-    process, without a GPU or a process group. Pretrained backbones rebuild their parent from
+    Works for the export (``model.safetensors``) and every strategy's checkpoint format (ddp ``state.pt``, FSDP2
+    DCP shards, DeepSpeed ZeRO-1/2/3 partitions) on one process, without a GPU or a process group. Pretrained backbones rebuild their parent from
     ``backbone.pretrained`` first (its weights are then replaced by the checkpoint's).
 
     Raises:

@@ -50,7 +50,7 @@ from par_ray.tracking_schema import (GPU_SECONDS_EVAL, GPU_SECONDS_TRAIN, depth_
                                      is_gpu_seconds_metric, iteration_metric)
 from par_ray.schedules import stretch_cap
 from par_ray.stages import frozen_parameters, stage_at
-from par_ray.train.checkpoint import read_extra
+from par_ray.train.checkpoint import export_model, read_extra
 from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
 from par_ray.trial import VocabLayout, resolve
@@ -254,7 +254,8 @@ def assigned_cpus() -> int:
 def train_loop_per_worker(loop_config: dict) -> None:
     """Ray Train worker function. ``loop_config = {"trial": TrialConfig, "export_dir": str | None}``.
 
-    ``export_dir``: also save the final state there, in the strategy's checkpoint format (ddp: ``state.pt``).
+    ``export_dir``: also export the final model there: its weights only, ``model.safetensors`` + ``extra.json``
+    (``par_ray.train.checkpoint.export_model``; optimizer state stays in the resumable checkpoints).
     """
     # Here, not at the top: Ray Train's controller imports this module to unpickle this function, and a Tune trial
     # driver to build the trainer; only workers build a model, and transformers' model code takes seconds to import.
@@ -404,13 +405,13 @@ def gpu_seconds(train_seconds: float, eval_seconds: float, stage_seconds: list[f
 
 
 def _report_with_checkpoint(engine, metrics: dict, extra: dict, export_dir: str | None) -> None:
-    """Save the engine's state with ``extra`` and report it with ``metrics``; also write it to ``export_dir``."""
+    """Save the engine's state with ``extra`` and report it with ``metrics``; also export the model's weights to
+    ``export_dir``."""
     with tempfile.TemporaryDirectory() as d:
         engine.save(d, extra)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))  # ray
-    if export_dir:  # a copy outside Ray's storage (local mode keeps no checkpoint files)
-        os.makedirs(export_dir, exist_ok=True)
-        engine.save(export_dir, extra)  # every rank: sharded strategies write their own part
+    if export_dir:  # the model outside Ray's storage, weights only (local mode keeps no checkpoint files)
+        export_model(engine, export_dir, extra)  # every rank: sharded strategies gather to rank 0
 
 
 def read_checkpoint_config(directory: str) -> dict | None:

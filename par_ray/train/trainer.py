@@ -320,7 +320,8 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
             fix (:data:`NOT_RETRYABLE`) fails at once (:class:`FailFastPolicy`).
         callbacks: Ray Train ``UserCallback``s (run on the controller); each sees every step's report once
             (:class:`OncePerStep`), also after a worker-group restart.
-        export_dir: also write the final model/optimizer state there (local mode keeps no checkpoint files).
+        export_dir: also export the final model's weights there (``model.safetensors`` + ``extra.json``, no
+            optimizer state: ``par_ray.train.checkpoint.export_model``; local mode keeps no checkpoint files).
         checkpoint_score: (metric, "max" | "min"): keep the ``train.keep_checkpoints`` best checkpoints by this
             reported metric (plus the latest, which Ray always keeps); ``None``: keep the latest ones. The metric
             must be in every report that carries a checkpoint.
