@@ -19,6 +19,12 @@ metrics (a logged ``G`` is never trusted):
     d50      = min{ d : acc(d) < midpoint or acc(d) is NaN }          (first test depth below the midpoint)
     G        = d50 / d_train;  censored (d50 never reached): G = max tested depth / d_train, a lower bound "≥ G"
 
+and, labelled "interpolated" wherever shown (a par_ray addition that tells apart curves the grid puts in one cell),
+
+    d50_interp = d_a + (acc_a − midpoint) / (acc_a − acc_b) · (d50 − d_a)   (d_a: the test depth before d50)
+    G_interp   = d50_interp / d_train;  d50 itself when d50 is the first test depth or its accuracy is NaN; censored:
+                 G_interp = G
+
 The mean G of a configuration with any censored seed is itself a lower bound (``lower_bound``, shown as "≥").
 """
 
@@ -200,13 +206,21 @@ def extrapolation_per_seed(acc: pl.DataFrame) -> pl.DataFrame:
 
     Returns columns: run_id, status, GROUP, seed, train_depth, chance, ``midpoint`` ((chance + 1) / 2), ``n_depths``,
     ``max_depth``, ``d50`` (Int64, null when censored), ``censored`` (bool), ``G`` (Float64; max_depth / d_train when
-    censored). ``censored`` and ``G`` are null when chance or train_depth was not logged.
+    censored), ``d50_interp`` (Float64, null when censored) and ``G_interp`` (the module docstring's interpolated d50
+    and G). ``censored``, ``G`` and ``G_interp`` are null when chance or train_depth was not logged.
     """
     midpoint = (pl.col("chance") + 1.0) / 2.0
     below = pl.col("acc").is_nan() | (pl.col("acc") < midpoint)
     known = pl.col("midpoint").is_not_null()
+    d_a, acc_a, acc_b = pl.col("_d_a"), pl.col("_acc_a"), pl.col("_acc_b")
+    interp = (pl.when(pl.col("d50").is_null()).then(None)
+              .when(d_a.is_null() | acc_b.is_nan()).then(pl.col("d50").cast(pl.Float64))
+              .otherwise(d_a + (acc_a - pl.col("midpoint")) / (acc_a - acc_b) * (pl.col("d50") - d_a)))
     return (
         with_config(acc).filter(pl.col("acc").is_not_null())
+        .sort("run_id", "depth")
+        .with_columns(pl.col("depth").shift(1).over("run_id").alias("_d_a"),
+                      pl.col("acc").shift(1).over("run_id").alias("_acc_a"))
         .group_by("run_id", maintain_order=True)
         .agg(
             pl.col("status", *GROUP, "seed", "train_depth", "chance").first(),
@@ -214,11 +228,19 @@ def extrapolation_per_seed(acc: pl.DataFrame) -> pl.DataFrame:
             pl.len().alias("n_depths"),
             pl.col("depth").max().alias("max_depth"),
             pl.col("depth").filter(below).min().alias("d50"),
+            # the first depth below the midpoint (rows sorted by depth) and the depth before it
+            pl.col("_d_a").filter(below).first().cast(pl.Float64).alias("_d_a"),
+            pl.col("_acc_a").filter(below).first().alias("_acc_a"),
+            pl.col("acc").filter(below).first().alias("_acc_b"),
         )
+        .with_columns(interp.alias("d50_interp"))
         .with_columns(
             pl.when(known).then(pl.col("d50").is_null()).alias("censored"),
             pl.when(known).then(pl.coalesce("d50", "max_depth") / pl.col("train_depth")).alias("G"),
+            pl.when(known).then(pl.coalesce(pl.col("d50_interp"), pl.col("max_depth").cast(pl.Float64))
+                                / pl.col("train_depth")).alias("G_interp"),
         )
+        .drop("_d_a", "_acc_a", "_acc_b")
         .sort(*GROUP, "seed", "run_id", nulls_last=True)
     )
 
@@ -227,7 +249,7 @@ def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
     """G over seeds per configuration (task, backbone, recipe, config), FINISHED trials only.
 
     Returns columns: GROUP, ``train_depth``, ``n`` (seeds with a G), ``n_censored``, ``G_mean``, ``G_std``
-    (ddof = 1), ``G_min``, ``G_max``, ``lower_bound`` (any seed censored: G_mean is a lower bound, "≥"),
+    (ddof = 1), ``G_min``, ``G_max``, ``G_interp_mean``, ``G_interp_std`` (the interpolated G), ``lower_bound`` (any seed censored: G_mean is a lower bound, "≥"),
     ``n_excluded`` (trials of that configuration not FINISHED), ``anchoring`` and ``targets`` (the configuration's
     ``recipe.anchoring`` / ``recipe.targets`` params, for the ablation table). A configuration whose trials all
     failed still has a row, with n = 0.
@@ -242,6 +264,8 @@ def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
         pl.col("G").std(ddof=1).alias("G_std"),
         pl.col("G").min().alias("G_min"),
         pl.col("G").max().alias("G_max"),
+        pl.col("G_interp").mean().alias("G_interp_mean"),
+        pl.col("G_interp").std(ddof=1).alias("G_interp_std"),
     )
     others = trials.group_by(GROUP).agg(
         pl.col("anchoring", "targets").drop_nulls().first(),
@@ -253,8 +277,8 @@ def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
             pl.col("n", "n_censored").fill_null(0),
             (pl.col("n_censored") > 0).fill_null(False).alias("lower_bound"),
         )
-        .select(*GROUP, "train_depth", "n", "n_censored", "G_mean", "G_std", "G_min", "G_max", "lower_bound",
-                "n_excluded", "anchoring", "targets")
+        .select(*GROUP, "train_depth", "n", "n_censored", "G_mean", "G_std", "G_min", "G_max", "G_interp_mean",
+                "G_interp_std", "lower_bound", "n_excluded", "anchoring", "targets")
         .sort(GROUP, nulls_last=True)
     )
 

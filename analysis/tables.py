@@ -4,16 +4,18 @@ Layouts (PAR paper, §5):
 
 - ``main_results``: rows recipe (the method or a baseline) × backbone, one column per test depth labelled with its
   multiple of the train length ("32 (4×)"; "4×" when the rows' train depths differ, e.g. tasks at their paper
-  depths), then G, then — when the ``cot`` baseline logged ``cot_tokens_d{D}`` — its CoT cost: mean generated
-  tokens per sequence at each test depth.
+  depths), then G and the interpolated G, then — when the ``cot`` baseline logged ``cot_tokens_d{D}`` — its CoT
+  cost: mean generated tokens per sequence at each test depth. A fine grid (more than :data:`MAX_DEPTH_COLUMNS`
+  test depths, ``par_ray.presets.fine_depths``) shows its d_train × 2^k depths only; every depth is in
+  ``accuracy.csv``.
 - ``scale``: each backbone × recipe at 16× the train length (or, where 16× was not tested, the largest tested
-  multiple), then G.
+  multiple), then G and the interpolated G.
 - ``halting``: halting-rule accuracy, oracle-stopping accuracy (R = ⌈d/c⌉), their gap, the iterations run, the
   never-halted fraction and R − ⌈d/c⌉ (mean and spread), per stopping rule ("6 of 8, τ 0.5": the primary
   ``eval.halt_k/n/tau`` and each extra rule of ``eval.halt_rules``) and test depth; with a ``signal`` column and the
   last operation's pending signal as more rows when trials logged it (``recipe.dense_pending``).
 - ``ablation``: one row per recipe with its anchoring and targets, accuracy at the largest multiple tested by every
-  row, and G.
+  row, G and the interpolated G.
 
 When the trials differ in more than task, backbone and recipe (an Optuna search: ``config`` holds the sampled knobs,
 see ``analysis.load.config_labels``), every table gains a ``config`` column, one row per configuration with its own
@@ -22,6 +24,8 @@ mean accuracy at the longest test depth.
 
 Every cell is "mean ± std (n)" over n seeds (sample std, ddof = 1; "mean (n)" when n = 1; "–" when nothing was
 measured). Accuracies are in percent; G carries "≥" when any seed was censored (the mean is then a lower bound).
+"G (interpolated)" is d50 linearly interpolated between the last test depth at or above the midpoint and the first
+below, over d_train (``analysis.aggregate``): a par_ray addition beside the paper's first-crossing G.
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ COT_COLUMN = "CoT tokens (by depth)"
 """Main-table column of the ``cot`` baseline's test-time cost (mean generated tokens per sequence at each depth)."""
 FIRST_RECIPES = ("par",)
 """Recipes listed before the others (the method before its baselines and ablations)."""
+MAX_DEPTH_COLUMNS = 8
+"""The main table shows every test depth up to this many; a finer grid shows its d_train × 2^k depths only."""
+G_INTERP = "G (interpolated)"
+"""Column of the interpolated G (d50 linearly interpolated between the test depths around the midpoint)."""
+G_NOTE = (f"{G_INTERP}: d50 linearly interpolated between the last test depth at or above the midpoint and the "
+          "first below it, / d_train (G is the paper's first crossing on the tested grid).")
 
 
 @dataclass(frozen=True)
@@ -155,14 +165,13 @@ def _exclusion_note(summary: Summary) -> tuple[str, ...]:
 
 
 def _g_cells(g: pl.DataFrame) -> pl.DataFrame:
-    """GROUP + ``G`` cell string."""
-    return g.select(
-        *GROUP,
-        pl.struct("G_mean", "G_std", "n", "lower_bound")
-        .map_elements(lambda r: cell(r["G_mean"], r["G_std"], r["n"], digits=2, lower_bound=r["lower_bound"]),
-                      return_dtype=pl.String)
-        .alias("G"),
-    )
+    """GROUP + ``G`` and :data:`G_INTERP` cell strings."""
+    def g_cell(mean: str, std: str) -> pl.Expr:
+        return pl.struct(mean, std, "n", "lower_bound").map_elements(
+            lambda r: cell(r[mean], r[std], r["n"], digits=2, lower_bound=r["lower_bound"]), return_dtype=pl.String)
+
+    return g.select(*GROUP, g_cell("G_mean", "G_std").alias("G"),
+                    g_cell("G_interp_mean", "G_interp_std").alias(G_INTERP))
 
 
 def _acc_cell_expr(prefix: str = "", scale: float = 100.0) -> pl.Expr:
@@ -184,13 +193,19 @@ def main_results(summary: Summary) -> Table:
     one_train = d_train.len() <= 1
     if one_train:
         depths = acc.select("depth").unique().sort("depth").get_column("depth").to_list()
+        fine = len(depths) > MAX_DEPTH_COLUMNS and d_train.len() == 1
+        if fine:  # a fine grid: its d_train × 2^k depths (every depth is in accuracy.csv)
+            depths = [d for d in depths if _power_of_two_multiple(d, d_train.item())]
         labels = {d: depth_label(d, d_train.item() if d_train.len() else None) for d in depths}
         column = pl.col("depth")
     else:  # tasks at their own train depths: line the rows up by multiple of d_train
         multiples = acc.select("multiple").drop_nulls().unique().sort("multiple").get_column("multiple").to_list()
+        fine = len(multiples) > MAX_DEPTH_COLUMNS
+        if fine:
+            multiples = [m for m in multiples if float(m).is_integer() and _power_of_two_multiple(int(m), 1)]
         labels = {m: f"{m:g}×" for m in multiples}
         column = pl.col("multiple")
-    cells = acc.filter(column.is_not_null()).select(
+    cells = acc.filter(column.is_in(list(labels))).select(
         *GROUP,
         column.replace_strict(labels, return_dtype=pl.String).alias("label"),
         _acc_cell_expr().alias("cell"),
@@ -207,10 +222,13 @@ def main_results(summary: Summary) -> Table:
     label_cols = _label_columns(wide, ["task", "recipe", "backbone", "config"])
     value_cols = [lbl for lbl in labels.values() if lbl in wide.columns]
     extra = [COT_COLUMN] if cot is not None else []
-    frame = (_show_config(wide).select(*label_cols, *value_cols, "G", *extra)
+    frame = (_show_config(wide).select(*label_cols, *value_cols, "G", G_INTERP, *extra)
              .with_columns(pl.col(value_cols + extra).fill_null(MISSING)))
     notes = ["Full-state accuracy (%) at each test depth; G = d50 / d_train; mean ± std over seeds (ddof = 1), "
-             "(n) seeds; ≥: some seed never fell below the midpoint, so G is a lower bound."]
+             "(n) seeds; ≥: some seed never fell below the midpoint, so G is a lower bound.", G_NOTE]
+    if fine:
+        notes.append("Fine grid: the columns are the test depths at d_train × 2^k; d50 and G use every tested depth "
+                     "(accuracy at each: accuracy.csv).")
     if "config" in label_cols:
         notes.append("config: the parameters that differ between trials besides the seed; each configuration has "
                      "its own seeds, best first (highest mean G, then accuracy at the longest depth).")
@@ -223,6 +241,12 @@ def main_results(summary: Summary) -> Table:
                      "where a looped model runs ⌈d/c⌉ iterations over the prompt.")
     return Table("main_results", f"Extrapolation by test depth{_task_title(wide)}", frame,
                  (*notes, *_exclusion_note(summary)))
+
+
+def _power_of_two_multiple(depth: int, train_depth: int) -> bool:
+    """``depth`` = ``train_depth`` × 2^k for some k >= 0."""
+    m, r = divmod(depth, train_depth)
+    return r == 0 and m >= 1 and m & (m - 1) == 0
 
 
 def _cot_cells(acc: pl.DataFrame) -> pl.DataFrame | None:
@@ -259,9 +283,9 @@ def scale_results(summary: Summary, multiple: float = SCALE_MULTIPLE) -> Table:
     wide = best_first(_g_cells(summary.G).join(rows, on=GROUP, how="left", nulls_equal=True), summary,
                       ["task", "backbone", "recipe"])
     label_cols = _label_columns(wide, ["task", "backbone", "recipe", "config"])
-    frame = _show_config(wide).select(*label_cols, "test depth", "accuracy (%)", "G").fill_null(MISSING)
+    frame = _show_config(wide).select(*label_cols, "test depth", "accuracy (%)", "G", G_INTERP).fill_null(MISSING)
     note = (f"Accuracy at {multiple:g}× the train length, or at the largest tested multiple where {multiple:g}× was "
-            "not tested; mean ± std (n) over seeds.")
+            "not tested; mean ± std (n) over seeds. " + G_NOTE)
     shown = pick.get_column("multiple").unique()
     at = f"{multiple:g}×" if shown.to_list() == [multiple] or shown.is_empty() else (
         f"the largest tested multiple, {shown.item():g}×" if shown.len() == 1 else f"{multiple:g}× (or less)")
@@ -338,9 +362,9 @@ def ablation_results(summary: Summary) -> Table | None:
     wide = wide.join(rows, on=GROUP, how="left", nulls_equal=True)
     wide = best_first(wide, summary, ["task", "backbone", "anchoring", "targets", "recipe"])
     label_cols = _label_columns(wide, ["task", "backbone", "anchoring", "targets", "recipe", "config"])
-    frame = _show_config(wide).select(*label_cols, column, "G").fill_null(MISSING)
+    frame = _show_config(wide).select(*label_cols, column, "G", G_INTERP).fill_null(MISSING)
     note = ("Anchoring: RMS norm anchoring on/off (recipe.anchoring); targets: progress-aligned or final-answer "
-            "supervision (recipe.targets). Mean ± std (n) over seeds.")
+            "supervision (recipe.targets). Mean ± std (n) over seeds. " + G_NOTE)
     return Table("ablation", f"Ablation: anchoring × targets{_task_title(wide)}", frame,
                  (note, *_exclusion_note(summary)))
 

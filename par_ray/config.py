@@ -235,6 +235,11 @@ class EvalConfig:
     """Test depths; every one must be >= the train depth."""
     num_sequences: int = 256
     """Sequences per test depth (the paper uses 1,024)."""
+    num_sequences_fine: int = 0
+    """Sequences at the in-between depths of a fine grid (``par_ray.presets.fine_depths``): every test depth that is
+    not the first one times a power of two (a fine grid starts at d_train: every depth but d_train × 2^k); 0 =
+    ``num_sequences``. Fewer
+    sequences there cost less and widen accuracy's 95 % interval (``acc_lo_d{D}`` / ``acc_hi_d{D}``)."""
     batch_size: int = 256
     """Sequences per evaluation forward pass."""
     seed: int = 10_000
@@ -256,6 +261,15 @@ class EvalConfig:
     """The paper's RLT row, "best R per depth": read out each test depth at every R_m = round(m · ⌈d/c⌉) for m in
     ``par_ray.evaluation.BEST_R_MULTIPLES`` (one forward to the largest) and report the best R_m's accuracy as
     ``acc_d{D}``, with ``best_R_d{D}`` (the ``rlt`` recipe sets it)."""
+
+    def sequences_at(self, depth: int) -> int:
+        """Sequences in the test set at ``depth``: ``num_sequences_fine`` (when set) at a depth that is not
+        ``depths[0]`` × 2^k, else ``num_sequences``."""
+        if not self.num_sequences_fine or not self.depths:
+            return self.num_sequences
+        ratio = depth / self.depths[0]
+        coarse = ratio >= 1 and ratio.is_integer() and int(ratio) & (int(ratio) - 1) == 0
+        return self.num_sequences if coarse else self.num_sequences_fine
 
 
 @dataclass(frozen=True)
@@ -473,6 +487,7 @@ def config_errors(cfg: TrialConfig) -> list[str]:
             check("eval.depths", lambda: list(ev.depths) == sorted(set(ev.depths)),
                   f"must be strictly increasing, got {list(ev.depths)}")
     at_least("eval.num_sequences", 1)
+    at_least("eval.num_sequences_fine", 0, " (0 = eval.num_sequences)")
     at_least("eval.batch_size", 1)
     seed("eval.seed")
     one_of("backbone.attn_implementation", ATTN_IMPLEMENTATIONS)

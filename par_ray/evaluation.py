@@ -9,6 +9,15 @@ once, after iteration R. Full-state accuracy counts a sequence right only when a
 When accuracy never falls below the midpoint, d50 is *censored*: it is only known that d50 > max tested depth, and G
 is reported as the lower bound ``max tested / d_train`` with ``censored=True`` (shown as "≥ G").
 
+Beside the paper's first-crossing d50, an *interpolated* d50 (a par_ray addition, labelled as such wherever shown):
+the depth where the straight line between the last test depth at or above the midpoint and the first one below
+crosses it, so a curve that falls just past a test depth and one that falls just before the next read differently::
+
+    d50_interp = d_a + (acc_a − midpoint) / (acc_a − acc_b) · (d_b − d_a),   G_interp = d50_interp / d_train
+
+(d_b = d50, d_a the test depth before it). Each test depth's accuracy also gets its 95 % Wilson score interval
+(:func:`wilson_interval`), the uncertainty of a curve point from n test sequences.
+
 Tensor suffixes: B batch, Q queries, V vocabulary, R iterations.
 """
 
@@ -37,6 +46,11 @@ class Extrapolation:
     """True when accuracy stayed at or above the midpoint at every tested depth (G is a lower bound)."""
     midpoint: float
     """(chance + 1) / 2, the threshold used."""
+    d50_interp: float | None = None
+    """Linearly interpolated d50 (module docstring); ``d50`` itself when the first test depth is already below the
+    midpoint or d50's accuracy is NaN (nothing to interpolate from); ``None`` when censored."""
+    G_interp: float | None = None
+    """d50_interp / d_train; when censored, G (the same lower bound)."""
 
 
 def extrapolation(accuracy_by_depth: Mapping[int, float], chance: float, train_depth: int) -> Extrapolation:
@@ -57,16 +71,55 @@ def extrapolation(accuracy_by_depth: Mapping[int, float], chance: float, train_d
         raise ValueError(f"chance: must be in [0, 1), got {chance}")
     midpoint = (chance + 1.0) / 2.0
     depths = sorted(accuracy_by_depth)
-    for d in depths:
+    for i, d in enumerate(depths):
         acc = accuracy_by_depth[d]
         if math.isnan(acc) or acc < midpoint:
-            return Extrapolation(d50=d, G=d / train_depth, censored=False, midpoint=midpoint)
-    return Extrapolation(d50=None, G=depths[-1] / train_depth, censored=True, midpoint=midpoint)
+            d50_interp = float(d)
+            if i > 0 and not math.isnan(acc):  # the line from the last depth at or above the midpoint to d
+                d_a, acc_a = depths[i - 1], accuracy_by_depth[depths[i - 1]]
+                d50_interp = d_a + (acc_a - midpoint) / (acc_a - acc) * (d - d_a)
+            return Extrapolation(d50=d, G=d / train_depth, censored=False, midpoint=midpoint, d50_interp=d50_interp,
+                                 G_interp=d50_interp / train_depth)
+    G = depths[-1] / train_depth
+    return Extrapolation(d50=None, G=G, censored=True, midpoint=midpoint, d50_interp=None, G_interp=G)
 
 
-def format_G(ex: Extrapolation) -> str:
-    """``"4.00"`` or ``"≥ 8.00"`` for a censored G."""
-    return f"≥ {ex.G:.2f}" if ex.censored else f"{ex.G:.2f}"
+def format_G(ex: Extrapolation, interpolated: bool = False) -> str:
+    """``"4.00"`` or ``"≥ 8.00"`` for a censored G; ``interpolated``: the same for ``G_interp``."""
+    G = ex.G_interp if interpolated and ex.G_interp is not None else ex.G
+    return f"≥ {G:.2f}" if ex.censored else f"{G:.2f}"
+
+
+WILSON_Z = 1.959963984540054
+"""z of a two-sided 95 % interval (the 0.975 quantile of the standard normal)."""
+
+
+def wilson_interval(accuracy: float, n: int, z: float = WILSON_Z) -> tuple[float, float]:
+    """Wilson score interval of a proportion (Wilson 1927): the 95 % interval of an accuracy measured on ``n`` test
+    sequences (``acc_lo_d{D}``, ``acc_hi_d{D}``). Unlike the normal approximation it stays inside [0, 1] and is not
+    empty at 0 or 1 (n = 256, accuracy 1 → [0.985, 1])::
+
+        center ± half = (p + z²/2n ± z · sqrt(p(1 − p)/n + z²/4n²)) / (1 + z²/n)
+
+    Args:
+        accuracy: p, the fraction right, in [0, 1] (NaN gives NaN bounds).
+        n: sequences, >= 1.
+        z: the normal quantile (default 95 %).
+    Returns:
+        ``(lo, hi)``, fractions in [0, 1].
+    Raises:
+        ValueError: n < 1, or accuracy outside [0, 1].
+    """
+    if n < 1:
+        raise ValueError(f"n: must be >= 1 test sequence, got {n}")
+    if math.isnan(accuracy):
+        return math.nan, math.nan
+    if not 0.0 <= accuracy <= 1.0:
+        raise ValueError(f"accuracy: must be in [0, 1], got {accuracy}")
+    z2 = z * z
+    center = (accuracy + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(accuracy * (1 - accuracy) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, center - half), min(1.0, center + half)
 
 
 def rank_chunks(num_sequences: int, batch_size: int, rank: int, world_size: int,
@@ -88,23 +141,26 @@ class EvalProgress:
 
         evaluation (accuracy): d=256 batch 3/8, depth 5/6, 2m10s elapsed, ETA ~4m05s
 
-    The ETA takes a test batch's cost ∝ d × R(d) (tokens × iterations; ``R(d)`` as the evaluation reads out) and
-    the time per unit of that cost measured so far.
+    The ETA takes a test set's cost ∝ n(d) × d × R(d) (sequences × tokens × iterations; ``R(d)`` as the evaluation
+    reads out) and the time per unit of that cost measured so far.
 
     Args:
         say: prints one line (the worker's rank-0 printer).
         what: the evaluation's name in the line.
         depths: the test depths, in evaluation order.
         iterations: ``d -> R`` at that depth (e.g. ⌈d/c⌉, or R_max for halting).
+        sequences: ``d -> n``, test sequences at that depth (``EvalConfig.sequences_at``; default the same at every
+            depth).
         every_s: seconds between lines.
         clock: seconds, monotonic (tests pass their own).
     """
 
     def __init__(self, say: Callable[[str], None], what: str, depths: Sequence[int], iterations: Callable[[int], int],
-                 every_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+                 every_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 sequences: Callable[[int], int] = lambda d: 1):
         self.say, self.what, self.every_s, self.clock = say, what, every_s, clock
         self.depths = list(depths)
-        self.cost = {d: d * max(1, iterations(d)) for d in self.depths}
+        self.cost = {d: sequences(d) * d * max(1, iterations(d)) for d in self.depths}
         self.total = sum(self.cost.values())
         self.t0 = self.last = clock()
         self.done = 0.0  # cost units finished
@@ -135,8 +191,9 @@ def sum_over_test_sets(task, eval_cfg, chunk_counts: Callable, device: torch.dev
     """The rank-split batch loop every evaluation runs (accuracy by depth, halting, CoT): counts summed over test
     batches and ranks, at each test depth.
 
-    For each d in ``eval_cfg.depths`` the test set is ``task.sample(d, eval.num_sequences, eval.seed, step=0)`` (passed
-    through ``prepare(ep)`` when given, e.g. appending the halting query); this rank evaluates its rows
+    For each d in ``eval_cfg.depths`` the test set is ``task.sample(d, n, eval.seed, step=0)``, n =
+    ``eval_cfg.sequences_at(d)`` (``eval.num_sequences``, or ``eval.num_sequences_fine`` at a fine grid's in-between
+    depths), passed through ``prepare(ep)`` when given (e.g. appending the halting query); this rank evaluates its rows
     ``rank::world_size`` in :func:`rank_chunks` of ``eval.batch_size``, calling ``chunk_counts(d, ep, ids_BT,
     answers_BQ)`` (the chunk's token ids and final states ``ep.states[:, -1]``, on ``device``) → a tensor or a tuple
     of tensors of counts (float64, on ``device``), summed over chunks, then each tensor reduced over ranks with
@@ -148,11 +205,12 @@ def sum_over_test_sets(task, eval_cfg, chunk_counts: Callable, device: torch.dev
     """
     results: dict[int, tuple[torch.Tensor, ...]] = {}
     for depth in eval_cfg.depths:
-        ep = task.sample(depth, eval_cfg.num_sequences, seed=eval_cfg.seed, step=0)
+        n = eval_cfg.sequences_at(depth)
+        ep = task.sample(depth, n, seed=eval_cfg.seed, step=0)
         if prepare is not None:
             ep = prepare(ep)
         totals: list[torch.Tensor] | None = None
-        chunks = list(rank_chunks(eval_cfg.num_sequences, eval_cfg.batch_size, rank, world_size, ep.input_ids,
+        chunks = list(rank_chunks(n, eval_cfg.batch_size, rank, world_size, ep.input_ids,
                                   ep.states[:, -1]))
         for i, (ids_BT, answers_BQ) in enumerate(chunks, start=1):
             got = chunk_counts(depth, ep, ids_BT.to(device), answers_BQ.to(device))
@@ -194,7 +252,7 @@ def accuracy_by_depth(
         model_fn: ``(input_ids_BT, read_positions_Q, R, grad_window, stretch, read) -> LoopedOutput`` — the
             (possibly wrapped) model's forward; every rank must call it the same number of times (FSDP).
         task: a :class:`par_ray.tasks.Task`; test sets are ``task.sample(d, n, eval_cfg.seed, step=0)``.
-        eval_cfg: ``EvalConfig`` (depths, num_sequences, batch_size, seed).
+        eval_cfg: ``EvalConfig`` (depths, num_sequences[_fine], batch_size, seed).
         rank, world_size: rows ``rank::world_size`` of each test set are evaluated here.
         reduce_sum: sums a tensor over ranks (identity on one rank).
         fixed_iterations: > 0: R = this at every depth (``recipe.fixed_iterations``, the fixed-R baselines).

@@ -1,7 +1,7 @@
 """Presets: the base trial configs the CLI and the sweeps start from.
 
-``local``: tiny Qwen2/Qwen3 shapes that learn on a 2-core CPU (issue "PAR core"), d_train 6, evaluated to 8× the train
-length.
+``local``: tiny Qwen2/Qwen3 shapes that learn on a 2-core CPU (issue "PAR core"), d_train 6, evaluated on the fine grid
+(:func:`fine_depths`) to 8× the train length.
 ``paper``: the paper's protocol on real Qwen sizes at each task's paper depths (``par_ray.tasks.PAPER_DEPTHS``;
 S5 / A5: d_train 16, evaluation to 256 = 16×), bf16 on GPUs, its strategy and GPU count chosen by the memory
 planner per GPU type (``--gpu-types``: the cheapest type the trial fits; default :data:`PAPER_GPU_TYPE`, 80 GB), and
@@ -10,6 +10,7 @@ the trial asks Ray for that type.
 
 from __future__ import annotations
 
+import math
 import typing
 
 from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig
@@ -20,16 +21,76 @@ PAPER_BACKBONES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "
 
 LOCAL_TRAIN_DEPTH = 6
 LOCAL_EVAL_MULTIPLES = (1, 2, 4, 8)
-"""The local preset tests at 1×, 2×, 4× and 8× d_train (the CLI scales these to ``--train-depth``)."""
+"""The coarse multiples of d_train (1×, 2×, 4×, 8×); the local preset tests on the fine grid up to the last of them,
+which contains them all (:func:`fine_depths`)."""
+FINE_GRID_RATIO = 1.25
+"""Largest ratio between neighbouring depths of the geometric part of :func:`fine_depths`."""
+
+
+def fine_depths(train_depth: int, top: int, ratio: float = FINE_GRID_RATIO) -> tuple[int, ...]:
+    """The fine evaluation grid (issue 22): every depth from d_train to 2·d_train, then, doubling by doubling
+    (2·d_train → 4·d_train → … → ``top``, the last step possibly shorter), the fewest geometric steps whose rounded
+    integer depths keep every neighbour ratio ≤ ``ratio``; deduplicated, ending exactly at ``top``.
+
+    ``fine_depths(6, 48)`` = 6, 7, …, 12, 14, 17, 20, 24, 29, 34, 40, 48 (15 depths; neighbour ratios ≤ 1.22). The
+    doubling anchors keep the coarse multiples (1×, 2×, 4×, 8× d_train, when ``top`` is a power-of-two multiple) in
+    the grid, so its curve reads the old 1/2/4/8× columns too. Integers cannot keep the ratio below depth 4 (3/2,
+    4/3): there every depth is tested. G on this grid is a multiple of 1/d_train up to 2×, and within a ratio of
+    ``ratio`` above.
+
+    Args:
+        train_depth: d_train (``task.train_depth``), >= 1.
+        top: the largest test depth (``max(eval.depths)``), >= d_train.
+        ratio: the geometric part's largest neighbour ratio, > 1.
+    Raises:
+        ValueError: naming ``task.train_depth``, ``eval.depths`` (the top) or ``ratio``.
+    """
+    errs = []
+    if not isinstance(train_depth, int) or train_depth < 1:
+        errs.append(f"task.train_depth: must be an integer >= 1, got {train_depth!r}")
+    elif not isinstance(top, int) or top < train_depth:
+        errs.append(f"eval.depths: the fine grid's top depth must be an integer >= task.train_depth={train_depth}, "
+                    f"got {top!r}")
+    if not ratio > 1.0:
+        errs.append(f"ratio: must be > 1, got {ratio!r}")
+    if errs:
+        raise ValueError("; ".join(errs))
+    depths = list(range(train_depth, min(2 * train_depth, top) + 1))
+    low = depths[-1]
+    while low < top:
+        high = min(2 * low, top)
+        n = max(1, math.ceil(math.log(high / low) / math.log(ratio)))
+        while True:  # rounding can push a step past the ratio: one more step until none does (or every integer)
+            steps = sorted({round(low * (high / low) ** (i / n)) for i in range(1, n + 1)} - {low})
+            seq = [low, *steps]
+            if n >= high - low or all(b <= ratio * a for a, b in zip(seq, seq[1:])):
+                break
+            n += 1
+        depths += steps
+        low = high
+    return tuple(depths)
+
+
+def scaled_depths(depths: typing.Sequence[int], train_depth: int, new_train_depth: int) -> tuple[int, ...]:
+    """A preset's test ``depths`` at d_train = ``train_depth``, moved to ``new_train_depth`` (the CLI's
+    ``--train-depth``): a fine grid (``depths == fine_depths(train_depth, max(depths))``) is rebuilt to the same top
+    multiple, ``fine_depths(new, new · max(depths) // train_depth)``; any other list keeps each depth's multiple,
+    ``m · new`` for ``m = d // train_depth``."""
+    top_multiple = max(depths) // train_depth
+    if tuple(depths) == fine_depths(train_depth, max(depths)) and max(depths) % train_depth == 0:
+        return fine_depths(new_train_depth, top_multiple * new_train_depth)
+    return tuple(d // train_depth * new_train_depth for d in depths)
 
 
 def local_trial(backbone: str = "tiny-qwen2", task: str = "swap_s5", seed: int = 0) -> TrialConfig:
-    """The CPU default: d_train 6, tests at 6/12/24/48 (8×), AdamW 1e-3, batch 64, 3,000 steps, one process, float32.
+    """The CPU default: d_train 6, tests on the fine grid to 48 (8×: every depth 6…12, then ratio ≤ 1.25,
+    :func:`fine_depths`), AdamW 1e-3, batch 64, 3,000 steps, one process, float32.
 
     Sized so the local sweep's 6 trials fit its 45-minute budget on 2 cores (two 1-thread trials side by side):
     with d_train 8 a sweep trial ran ~3.2 steps/s and the sweep would take ~50 minutes; d_train 6 makes a step ~30 %
     cheaper (R·T ∝ d(d+7)). The PAR-core bar (≥ 95 % at d = 8) is the same recipe with ``--train-depth 8 --steps
-    4000`` (docs/experiments.md, experiment 3). Evaluates every 1,000 steps: the deepest test costs ~20 steps.
+    4000`` (docs/experiments.md, experiment 3). Evaluates every 1,000 steps: the deepest test costs ~20 steps; the
+    whole fine grid at 256 sequences per depth keeps evaluation under 15 % of a trial (docs/experiments.md, "Fine G").
     """
     return TrialConfig(
         task=TaskConfig(name=task, train_depth=LOCAL_TRAIN_DEPTH),
@@ -37,8 +98,8 @@ def local_trial(backbone: str = "tiny-qwen2", task: str = "swap_s5", seed: int =
         recipe=RecipeConfig(grad_window=8),
         train=TrainConfig(steps=3000, batch_size=64, lr=1e-3, warmup_steps=100, seed=seed, eval_every=1000,
                           report_every=50, checkpoint_every=500),
-        eval=EvalConfig(depths=tuple(m * LOCAL_TRAIN_DEPTH for m in LOCAL_EVAL_MULTIPLES), num_sequences=256,
-                        batch_size=256),
+        eval=EvalConfig(depths=fine_depths(LOCAL_TRAIN_DEPTH, LOCAL_EVAL_MULTIPLES[-1] * LOCAL_TRAIN_DEPTH),
+                        num_sequences=256, batch_size=256),
     )
 
 
@@ -195,9 +256,11 @@ def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 
 
 def smoke_overrides(cfg: TrialConfig) -> dict[str, object]:
     """Flat overrides that turn a preset trial into a smoke test: 4 steps of 8 sequences, the first two test depths
-    with 16 sequences each, evaluation, report and checkpoint every 2 steps (so every report carries G)."""
+    with 16 sequences each (the same count on a fine grid's in-between depths), evaluation, report and checkpoint
+    every 2 steps (so every report carries G)."""
     return {
         "train.steps": 4, "train.batch_size": 8, "train.warmup_steps": 1, "train.eval_every": 2,
         "train.report_every": 2, "train.checkpoint_every": 2,
         "eval.depths": ",".join(str(d) for d in cfg.eval.depths[:2]), "eval.num_sequences": 16, "eval.batch_size": 16,
+        "eval.num_sequences_fine": 0,
     }

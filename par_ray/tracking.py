@@ -336,15 +336,18 @@ def write_trial_artifacts(out_dir: str, cfg: TrialConfig, final: typing.Mapping[
         return written
     d_train = cfg.task.train_depth
     rows = [{"depth": d, "multiple": d / d_train, "acc": float(final[depth_metric("acc", d)]),
+             "acc_lo": float(final.get(depth_metric("acc_lo", d), math.nan)),  # the 95 % Wilson interval
+             "acc_hi": float(final.get(depth_metric("acc_hi", d), math.nan)),
              "acc_query": float(final.get(depth_metric("acc_query", d), math.nan))} for d in depths]
     summary = {
         "task": cfg.task.name, "backbone": cfg.backbone.name, "recipe": cfg.recipe.name, "seed": cfg.train.seed,
         "train_depth": d_train, "chance": final.get("chance"), "d50": final.get("d50"), "G": final.get("G"),
-        "G_censored": bool(final.get("G_censored", 0.0)), "by_depth": rows,
+        "G_censored": bool(final.get("G_censored", 0.0)), "d50_interp": final.get("d50_interp"),
+        "G_interp": final.get("G_interp"), "by_depth": rows,
     }
     (out / ARTIFACT_ACCURACY_JSON).write_text(json.dumps(summary, indent=2))
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=["depth", "multiple", "acc", "acc_query"])
+    writer = csv.DictWriter(buf, fieldnames=["depth", "multiple", "acc", "acc_lo", "acc_hi", "acc_query"])
     writer.writeheader()
     writer.writerows(rows)
     (out / ARTIFACT_ACCURACY_CSV).write_text(buf.getvalue())
@@ -360,6 +363,9 @@ def _plot_accuracy(path: Path, cfg: TrialConfig, rows: list[dict], final: typing
 
     fig, ax = plt.subplots(figsize=(5, 3.4), dpi=100)
     ax.plot([r["depth"] for r in rows], [r["acc"] for r in rows], "o-", label="full-state")
+    if not any(math.isnan(r["acc_lo"]) for r in rows):
+        ax.fill_between([r["depth"] for r in rows], [r["acc_lo"] for r in rows], [r["acc_hi"] for r in rows],
+                        alpha=0.2, label="95 % interval")
     ax.plot([r["depth"] for r in rows], [r["acc_query"] for r in rows], "s--", label="per-query", alpha=0.7)
     if final.get("chance") is not None:
         chance = float(final["chance"])

@@ -77,10 +77,12 @@ ARTIFACT_ACCURACY_PNG = "accuracy_by_depth.png"
 ARTIFACTS = (ARTIFACT_ACCURACY_JSON, ARTIFACT_ACCURACY_CSV, ARTIFACT_ACCURACY_PNG, ARTIFACT_CONFIG)
 """A trial run's artifacts (the accuracy files only when the trial was evaluated)."""
 
-DEPTH_KINDS = ("acc", "acc_query", "cot_tokens", "best_R", "oracle_acc", "halt_acc", "halt_gap", "halt_iter",
-               "never_halted", "halt_dR_mean", "halt_dR_std")
-"""Metrics logged per test depth D as ``{kind}_d{D}``: full-state and per-query accuracy, the CoT baseline's mean
-generated tokens, the best R of ``eval.best_r`` (the RLT row), and halting (``par_ray.evaluation.halting_metrics``)."""
+DEPTH_KINDS = ("acc", "acc_query", "acc_lo", "acc_hi", "cot_tokens", "best_R", "oracle_acc", "halt_acc", "halt_gap",
+               "halt_iter", "never_halted", "halt_dR_mean", "halt_dR_std")
+"""Metrics logged per test depth D as ``{kind}_d{D}``: full-state and per-query accuracy, the 95 % Wilson interval of
+the full-state accuracy over the depth's test sequences (``par_ray.evaluation.wilson_interval``), the CoT baseline's
+mean generated tokens, the best R of ``eval.best_r`` (the RLT row), and halting
+(``par_ray.evaluation.halting_metrics``)."""
 RULE_KINDS = ("halt_acc", "halt_gap", "halt_iter", "never_halted", "halt_dR_mean", "halt_dR_std")
 """Depth metrics that depend on the stopping rule and signal (oracle stopping does not): logged again per extra rule
 and for the pending signal."""

@@ -6,7 +6,7 @@ the student, or the student itself under no_grad) and ``final_answer`` (only z_d
 across the preset's backbones × seeds. The same budget (steps, batch) for every recipe.
 
 Presets: ``paper`` — on S5, as the paper's Table 5, the paper preset's backbones × 3 seeds. ``local`` — on
-swap-S5 (:data:`LOCAL_TASK`), tiny-qwen2 × 3 seeds (12 trials), d_train 3, tests 3 … 24, 1,500 steps (the main
+swap-S5 (:data:`LOCAL_TASK`), tiny-qwen2 × 3 seeds (12 trials), d_train 3, tests on the fine grid 3 … 24, 1,500 steps (the main
 results' local budget): at CPU scale the tiny model stays at chance on S5 (27.7 % at d = 3 after 1,500 steps, chance
 20 %; docs/experiments.md §11, §15), so a comparison there could not separate the recipes, while it learns swap-S5
 in that budget.
@@ -37,7 +37,7 @@ SPEC = SweepSpec(
     backbones={**presets.PRESET_BACKBONES, "local": ("tiny-qwen2",)},
     seeds=(0, 1, 2),
     preset_overrides={"local": {"task.train_depth": LOCAL_TRAIN_DEPTH,
-                                "eval.depths": tuple(LOCAL_TRAIN_DEPTH * m for m in (1, 2, 4, 8)),
+                                "eval.depths": presets.fine_depths(LOCAL_TRAIN_DEPTH, 8 * LOCAL_TRAIN_DEPTH),
                                 "train.steps": 1500, "train.eval_every": 750, "train.checkpoint_every": 750}},
 )
 

@@ -8,7 +8,8 @@ logged as ``cot_tokens_d{D}`` and shown in the table's CoT cost column), plus on
 × the preset's backbones × seeds. The table (``analysis``): rows = recipe or baseline (per task), columns = test
 multiples of d_train, cells mean ± std (n) over seeds.
 
-Presets: ``local`` — tiny-qwen2 × 2 seeds (22 trials), d_train 3, tests to 8× (3 … 24), 1,500 steps, sized for
+Presets: ``local`` — tiny-qwen2 × 2 seeds (22 trials), d_train 3, tests on the fine grid to 8× (3, 4, …, 6, then
+steps of ≤ 1.25× to 24: ``par_ray.presets.fine_depths``), 1,500 steps, sized for
 under an hour on a 2-core CPU (two trials at a time); ``paper`` — Qwen2.5-0.5B × 3 seeds at each task's paper
 depths (``par_ray.tasks.PAPER_DEPTHS``), GPUs per trial chosen by the planner (``--dry-run`` lists them).
 
@@ -19,6 +20,7 @@ depths (``par_ray.tasks.PAPER_DEPTHS``), GPUs per trial chosen by the planner (`
 
 import sys
 
+from par_ray.presets import fine_depths
 from par_ray.sweep import SweepSpec, main
 
 RECIPES = ("par", "fixed_depth", "more_iterations", "rlt", "untied", "cot")
@@ -29,7 +31,7 @@ OTHER_TASKS = ("s5", "a5", "rule_table", "object_tracking", "reachability")
 LOCAL_TRAIN_DEPTH = 3
 """The local preset's d_train: 22 trials must fit an hour on 2 cores, and a step's cost grows as R·T ∝ d(d + 7), so a
 step at d = 3 costs 0.68 of one at d = 4 (which took ~2 h for the 22 trials, docs/experiments.md §11) and 0.38 of one
-at the local default d = 6; tests at 1×, 2×, 4×, 8×."""
+at the local default d = 6; tests on the fine grid to 8×."""
 
 
 def make_spec(recipes: tuple[str, ...] = RECIPES) -> SweepSpec:
@@ -46,7 +48,7 @@ def make_spec(recipes: tuple[str, ...] = RECIPES) -> SweepSpec:
         cells=tuple(cells),
         backbones={"local": ("tiny-qwen2",), "paper": ("qwen2.5-0.5b",)},
         seeds={"local": (0, 1), "paper": (0, 1, 2)},
-        preset_overrides={"local": {"task.train_depth": d, "eval.depths": (d, 2 * d, 4 * d, 8 * d),
+        preset_overrides={"local": {"task.train_depth": d, "eval.depths": fine_depths(d, 8 * d),
                                     "train.steps": 1500, "train.eval_every": 750, "train.checkpoint_every": 750}},
     )
 

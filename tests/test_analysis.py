@@ -262,7 +262,8 @@ def test_all_failed_configuration_keeps_a_row(frames):
 
 def test_main_table_cells(summary):
     t = tables.main_results(summary)
-    assert t.frame.columns == ["recipe", "backbone", "8 (1×)", "16 (2×)", "32 (4×)", "64 (8×)", "G"]
+    assert t.frame.columns == ["recipe", "backbone", "8 (1×)", "16 (2×)", "32 (4×)", "64 (8×)", "G",
+                               tables.G_INTERP]
     assert t.frame.get_column("recipe").to_list()[:2] == ["par", "par"]  # the method first
     r = _row(t.frame, recipe="par", backbone="tiny-qwen2")
     assert r["8 (1×)"] == "100.0 ± 0.0 (3)"
@@ -296,7 +297,8 @@ def test_other_layouts(summary):
     assert (r["halting (%)"], r["oracle (%)"], r["oracle − halting (pts)"], r["iterations"]) == \
         ("46.7 ± 15.3 (3)", "56.7 ± 15.3 (3)", "10.0 ± 0.0 (3)", "33.0")
     ablation = tables.ablation_results(summary)
-    assert ablation.frame.columns == ["backbone", "anchoring", "targets", "recipe", "accuracy at 8× (%)", "G"]
+    assert ablation.frame.columns == ["backbone", "anchoring", "targets", "recipe", "accuracy at 8× (%)", "G",
+                                      tables.G_INTERP]
     r = _row(ablation.frame, recipe="no_anchor")
     assert (r["anchoring"], r["targets"], r["accuracy at 8× (%)"], r["G"]) == ("False", "progress", "0.0 (1)",
                                                                             "2.00 (1)")

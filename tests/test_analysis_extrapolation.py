@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
 
 from analysis import aggregate, load
 
@@ -49,5 +50,7 @@ def test_matches_par_ray_evaluation_on_random_curves():
         row = got[c["run_id"]]
         assert (row["d50"], row["censored"]) == (want.d50, want.censored), c
         assert row["G"] == want.G and row["midpoint"] == want.midpoint, c
+        assert row["d50_interp"] == (None if want.d50_interp is None else pytest.approx(want.d50_interp)), c
+        assert row["G_interp"] == pytest.approx(want.G_interp), c
         n_censored += want.censored
     assert 50 < n_censored < 350  # both branches exercised

@@ -54,7 +54,8 @@ def _main_records() -> list[dict]:
 
 def test_main_results_rows_are_recipes_columns_are_multiples_when_tasks_differ_in_d_train():
     t = tables.main_results(_summary(_main_records()))
-    assert t.frame.columns == ["task", "recipe", "backbone", "1×", "2×", "4×", "8×", "G", tables.COT_COLUMN]
+    assert t.frame.columns == ["task", "recipe", "backbone", "1×", "2×", "4×", "8×", "G", tables.G_INTERP,
+                               tables.COT_COLUMN]
     assert t.frame.select("task", "recipe").rows() == [("reachability", "par"), ("swap_s5", "par"),
                                                        ("swap_s5", "cot"), ("swap_s5", "untied")]
     par = _row(t.frame, task="swap_s5", recipe="par")
@@ -70,7 +71,7 @@ def test_main_results_keeps_depth_labels_for_one_train_depth_and_hides_cot_when_
     records = [r for r in _main_records() if r["tags"]["par_ray.task"] == "swap_s5"]
     t = tables.main_results(_summary(records))
     assert t.frame.columns == ["recipe", "backbone", "4 (1×)", "8 (2×)", "16 (4×)", "32 (8×)", "G",
-                               tables.COT_COLUMN]
+                               tables.G_INTERP, tables.COT_COLUMN]
     no_cot = tables.main_results(_summary([r for r in records if r["tags"]["par_ray.recipe"] != "cot"]))
     assert tables.COT_COLUMN not in no_cot.frame.columns
     assert not any(n.startswith(tables.COT_COLUMN) for n in no_cot.notes)
@@ -246,3 +247,28 @@ def test_halting_table_shows_the_pending_signal_as_more_rows_only_when_logged():
     plain = tables.halting_results(plain_summary)
     assert "signal" not in plain.frame.columns and not any("pending" in n for n in plain.notes)
     assert plain.frame.rows() == t.frame.filter(signal="query").drop("signal").rows()
+
+
+def test_fine_grid_main_table_shows_the_power_of_two_columns_and_the_interpolated_G():
+    from par_ray.presets import fine_depths
+
+    grid = fine_depths(4, 32)  # 4, 5, …, 8, 10, 11, 13, 16, 19, 23, 27, 32
+
+    def curve(acc_11: float, acc_after: float) -> dict:
+        """1.0 below 11, ``acc_11`` at 11 (above the midpoint), ``acc_after`` from 13 on (below it): d50 = 13."""
+        return _acc(grid, [1.0 if d < 11 else acc_11 if d == 11 else acc_after for d in grid])
+
+    records = [_record(0, "par", "swap_s5", 0, 4, curve(0.9, 0.1)), _record(1, "par", "swap_s5", 1, 4, curve(0.6, 0.2))]
+    summary = _summary(records)
+    per_seed = summary.per_seed.sort("seed")
+    mid = (1 / 120 + 1) / 2
+    want = [11 + 2 * (0.9 - mid) / 0.8, 11 + 2 * (0.6 - mid) / 0.4]
+    assert per_seed.get_column("d50").to_list() == [13, 13]
+    assert per_seed.get_column("d50_interp").to_list() == pytest.approx(want)
+    t = tables.main_results(summary)
+    assert t.frame.columns == ["recipe", "backbone", "4 (1×)", "8 (2×)", "16 (4×)", "32 (8×)", "G", tables.G_INTERP]
+    r = t.frame.row(0, named=True)
+    assert r["G"] == "3.25 ± 0.00 (2)"
+    mean = sum(want) / 2 / 4
+    assert r[tables.G_INTERP].startswith(f"{mean:.2f} ± ")
+    assert any(n.startswith(tables.G_INTERP) for n in t.notes) and any("Fine grid" in n for n in t.notes)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from par_ray import presets, sweep
+from par_ray.presets import fine_depths
 from par_ray.model.registry import BACKBONES
 from par_ray.sweep import Options, Search, SweepConfigError, SweepSpec, trial_label
 from par_ray.trial import validate
@@ -494,7 +495,7 @@ def test_main_results_grid_with_the_recipes_that_exist(preset):
     assert {c.backbone.name for _, c in plan.trials} == {"tiny-qwen2" if preset == "local" else "qwen2.5-0.5b"}
     if preset == "local":  # the shorter local budget, on every trial
         assert {(c.task.train_depth, c.eval.depths, c.train.steps) for _, c in plan.trials} == {
-            (3, (3, 6, 12, 24), 1500)}
+            (3, fine_depths(3, 24), 1500)}
     else:
         assert {c.train.steps for _, c in plan.trials} == {5000}
         assert {c.task.train_depth for _, c in plan.trials if c.task.name == "reachability"} == {16}
@@ -596,7 +597,7 @@ def test_label_free_local_preset_is_swap_s5_at_the_main_results_budget_and_paper
     local = sweep.build_plan(module.SPEC, Options(preset="local"), "local")
     got = sorted((c.recipe.name, c.task.name, c.train.seed, c.backbone.name) for _, c in local.trials)
     assert got == sorted((r, "swap_s5", s, "tiny-qwen2") for r in module.RECIPES for s in (0, 1, 2))
-    assert {(c.task.train_depth, c.eval.depths, c.train.steps) for _, c in local.trials} == {(3, (3, 6, 12, 24), 1500)}
+    assert {(c.task.train_depth, c.eval.depths, c.train.steps) for _, c in local.trials} == {(3, fine_depths(3, 24), 1500)}
     paper = sweep.build_plan(module.SPEC, Options(preset="paper", backbones=("qwen2.5-0.5b",)), "paper")
     assert sorted({(c.recipe.name, c.task.name) for _, c in paper.trials}) == sorted(
         (r, "s5") for r in module.RECIPES)

@@ -80,7 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="d_train, the longest composition trained on (default: the CPU preset's)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the CPU preset's)")
     p.add_argument("--eval-depths", type=_ints, default=None, metavar="D1,D2,...",
-                   help="comma-separated test depths, e.g. 8,16,32,64 (default: 1, 2, 4 and 8 x d_train)")
+                   help="comma-separated test depths, e.g. 8,16,32,64 (default: the preset's grid at d_train; local: "
+                        "every depth to 2 x d_train, then steps of <= 1.25 x to 8 x d_train)")
     p.add_argument("--seed", type=int, default=0,
                    help="trial seed, a non-negative integer: model init, training batches and the per-step depth and "
                         "iteration draws (the test sets use eval.seed); default 0")
@@ -99,13 +100,13 @@ def config_from_args(args):
     backbone = args.backbone or ("qwen2.5-0.5b" if args.preset == "paper" else "tiny-qwen2")
     cfg = presets.preset_trial(args.preset, backbone, args.task, args.seed)
     cfg = apply_recipe(cfg, args.recipe)
-    multiples = tuple(d // cfg.task.train_depth for d in cfg.eval.depths)  # the preset's (paper: 1, 2, 4, 8, 16)
     flat = {"train.seed": args.seed}
     if args.pretrained is not None:
         flat["backbone.pretrained"] = args.pretrained
     if args.train_depth is not None:
         flat["task.train_depth"] = args.train_depth
-        flat["eval.depths"] = tuple(m * args.train_depth for m in multiples)
+        # the preset's grid at the new d_train: the local fine grid rebuilt to 8×, the paper's 1…16× multiples
+        flat["eval.depths"] = presets.scaled_depths(cfg.eval.depths, cfg.task.train_depth, args.train_depth)
     if args.steps is not None:
         flat["train.steps"] = args.steps
     if args.eval_depths is not None:
@@ -224,18 +225,27 @@ def main(argv=None) -> int:
     m = result.metrics
     acc = {d: m[depth_metric("acc", d)] for d in cfg.eval.depths}
     ex = Extrapolation(d50=int(m["d50"]) if "d50" in m else None, G=m["G"], censored=bool(m["G_censored"]),
-                       midpoint=(m["chance"] + 1) / 2)
+                       midpoint=(m["chance"] + 1) / 2, d50_interp=m.get("d50_interp"), G_interp=m.get("G_interp"))
     print(f"\naccuracy by depth ({cfg.task.name}, {cfg.recipe.name}, {cfg.backbone.name}, d_train={cfg.task.train_depth})")
-    print("| depth | multiple | full-state acc | per-query acc |\n|---:|---:|---:|---:|")
+    print("| depth | multiple | full-state acc | 95 % interval | per-query acc |\n|---:|---:|---:|---:|---:|")
     for d in cfg.eval.depths:
-        print(f"| {d} | {d / cfg.task.train_depth:g}× | {acc[d]:.3f} | {m[depth_metric('acc_query', d)]:.3f} |")
-    print(f"d50 = {ex.d50 if ex.d50 is not None else f'> {max(cfg.eval.depths)}'}   G = {format_G(ex)}   "
-          f"train time {m['train_seconds']:.0f} s (wall {time.time() - t0:.0f} s)")
+        lo, hi = m.get(depth_metric("acc_lo", d), float("nan")), m.get(depth_metric("acc_hi", d), float("nan"))
+        print(f"| {d} | {d / cfg.task.train_depth:g}× | {acc[d]:.3f} | {lo:.3f}–{hi:.3f} | "
+              f"{m[depth_metric('acc_query', d)]:.3f} |")
+    interp = ("" if ex.d50_interp is None
+              else f" (interpolated {ex.d50_interp:.1f}, G {format_G(ex, interpolated=True)})")
+    print(f"d50 = {ex.d50 if ex.d50 is not None else f'> {max(cfg.eval.depths)}'}{interp}   G = {format_G(ex)}   "
+          f"train time {m['train_seconds']:.0f} s, evaluation {m.get('eval_seconds_total', float('nan')):.0f} s "
+          f"(wall {time.time() - t0:.0f} s)")
     with open(os.path.join(out, "result.json"), "w") as f:
         json.dump({"accuracy_by_depth": acc,
                    "accuracy_by_depth_per_query": {d: m[depth_metric("acc_query", d)] for d in cfg.eval.depths},
-                   "d50": ex.d50, "G": ex.G, "G_censored": ex.censored, "chance": m["chance"],
-                   "train_seconds": m["train_seconds"], "wall_seconds": time.time() - t0,
+                   "accuracy_interval_95": {d: [m.get(depth_metric("acc_lo", d)), m.get(depth_metric("acc_hi", d))]
+                                            for d in cfg.eval.depths},
+                   "d50": ex.d50, "G": ex.G, "G_censored": ex.censored, "d50_interp": ex.d50_interp,
+                   "G_interp": ex.G_interp, "chance": m["chance"],
+                   "train_seconds": m["train_seconds"], "eval_seconds": m.get("eval_seconds_total"),
+                   "wall_seconds": time.time() - t0,
                    "final_loss": m["loss"], "config": to_flat(cfg)}, f, indent=2)
     print(f"wrote {os.path.join(out, 'result.json')}")
     return 0

@@ -39,7 +39,7 @@ import torch
 from par_ray.config import TrialConfig, to_flat
 from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens, trial_cot_tokens
 from par_ray.evaluation import (BEST_R_MULTIPLES, EvalProgress, accuracy_by_depth, extrapolation, halt_max_iterations,
-                                halting_by_depth, halting_metrics, rank_chunks)
+                                halting_by_depth, halting_metrics, rank_chunks, wilson_interval)
 from par_ray.halting import halt_tokens
 from par_ray.prompts import render
 from par_ray.weights import parent_tokenizer, resolved_backbone
@@ -164,9 +164,11 @@ def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
 
 def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None,
                  vocab: VocabLayout | None = None, cot=None, say=None) -> dict[str, float]:
-    """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``,
-    the per-iteration probe (:func:`probe_metrics`) and ``eval_seconds``, the wall time of this evaluation (s, rank
-    0's; every rank runs the same forward calls). R per depth follows ``recipe.fixed_iterations``; the
+    """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``, and the 95 % Wilson interval of ``acc_d{D}``
+    over its test sequences, ``acc_lo_d{D}`` / ``acc_hi_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``, the
+    interpolated ``d50_interp`` / ``G_interp`` (``par_ray.evaluation.extrapolation``), the per-iteration probe
+    (:func:`probe_metrics`) and ``eval_seconds``, the wall time of this evaluation (s, rank 0's; every rank runs the
+    same forward calls). R per depth follows ``recipe.fixed_iterations``; the
     chain-of-thought baseline (``recipe.cot``) is decoded greedily instead and adds ``cot_tokens_d{D}``, the mean
     generated tokens per sequence (``par_ray.cot``).
 
@@ -198,7 +200,8 @@ def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayo
     c = recipe.ops_per_iteration
 
     def progress(what: str, iterations):
-        return EvalProgress(say, what, cfg.eval.depths, iterations) if say is not None else None
+        return (EvalProgress(say, what, cfg.eval.depths, iterations, sequences=cfg.eval.sequences_at)
+                if say is not None else None)
 
     if cfg.recipe.cot:  # chain-of-thought: greedy decoding of the trace, cost in generated tokens (par_ray.cot)
         tokens = cot or cot_tokens(vocab.cot_offset)  # a pretrained parent's: its words (par_ray.cot)
@@ -211,11 +214,14 @@ def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayo
                                 progress("accuracy", lambda d: max(best_r or (1,)) * iterations_at(
                                     d, c, recipe.fixed_iterations)))
     ex = extrapolation({d: v["acc"] for d, v in acc.items()}, task.full_state_chance, cfg.task.train_depth)
-    out = {"chance": task.full_state_chance, "G": ex.G, "G_censored": float(ex.censored)}
+    out = {"chance": task.full_state_chance, "G": ex.G, "G_censored": float(ex.censored), "G_interp": ex.G_interp}
     if ex.d50 is not None:
         out["d50"] = float(ex.d50)
+        out["d50_interp"] = ex.d50_interp
     for d, v in acc.items():
         out[depth_metric("acc", d)] = v["acc"]
+        lo, hi = wilson_interval(v["acc"], cfg.eval.sequences_at(d))
+        out[depth_metric("acc_lo", d)], out[depth_metric("acc_hi", d)] = lo, hi
         out[depth_metric("acc_query", d)] = v["acc_query"]
         if "tokens" in v:
             out[depth_metric("cot_tokens", d)] = v["tokens"]
