@@ -231,15 +231,16 @@ def eval_flops(cfg: TrialConfig, rc: RecipeConfig, shape: ModelShape, world: int
     total = 0.0
     for d in ev.depths:
         T, Q = _eval_lengths(cfg.task, d)
+        n = ev.sequences_at(d)  # eval.num_sequences, or eval.num_sequences_fine between a fine grid's 2^k depths
         if cfg.recipe.cot:
-            total += ev.num_sequences * decode_flops(shape, T, trace_length(d, Q))
+            total += n * decode_flops(shape, T, trace_length(d, Q))
         else:
             R = iterations_at(d, c, rc.fixed_iterations)
-            total += ev.num_sequences * forward_flops(shape, T, Q, R, 1, conv)
+            total += n * forward_flops(shape, T, Q, R, 1, conv)
         if rc.halting:
             R_max = halt_max_iterations(ev, c)
             pending = int(cfg.recipe.dense_targets and cfg.recipe.dense_pending)
-            total += ev.num_sequences * forward_flops(shape, T + 1, Q + 1 + pending, R_max, R_max, conv)
+            total += n * forward_flops(shape, T + 1, Q + 1 + pending, R_max, R_max, conv)
     n_probe = max(min(ev.num_sequences, ev.batch_size), world)
     d = cfg.task.train_depth
     T, Q = _eval_lengths(cfg.task, d, bool(cfg.recipe.cot))
