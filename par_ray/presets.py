@@ -89,8 +89,10 @@ def local_trial(backbone: str = "tiny-qwen2", task: str = "swap_s5", seed: int =
     Sized so the local sweep's 6 trials fit its 45-minute budget on 2 cores (two 1-thread trials side by side):
     with d_train 8 a sweep trial ran ~3.2 steps/s and the sweep would take ~50 minutes; d_train 6 makes a step ~30 %
     cheaper (R·T ∝ d(d+7)). The PAR-core bar (≥ 95 % at d = 8) is the same recipe with ``--train-depth 8 --steps
-    4000`` (docs/experiments.md, experiment 3). Evaluates every 1,000 steps: the deepest test costs ~20 steps; the
-    whole fine grid at 256 sequences per depth keeps evaluation under 15 % of a trial (docs/experiments.md, "Fine G").
+    4000`` (docs/experiments.md, experiment 3). Evaluates every 1,000 steps on the fine grid: 256 sequences at
+    6/12/24/48 and 128 at the 11 depths between, in batches of 128 (on one CPU thread a batch of 256 costs ~2.7× one
+    of 128 at d = 48), so evaluation stays under 15 % of a trial (docs/experiments.md §19: the whole grid at 256 in
+    batches of 256 took 17 %).
     """
     return TrialConfig(
         task=TaskConfig(name=task, train_depth=LOCAL_TRAIN_DEPTH),
@@ -99,7 +101,7 @@ def local_trial(backbone: str = "tiny-qwen2", task: str = "swap_s5", seed: int =
         train=TrainConfig(steps=3000, batch_size=64, lr=1e-3, warmup_steps=100, seed=seed, eval_every=1000,
                           report_every=50, checkpoint_every=500),
         eval=EvalConfig(depths=fine_depths(LOCAL_TRAIN_DEPTH, LOCAL_EVAL_MULTIPLES[-1] * LOCAL_TRAIN_DEPTH),
-                        num_sequences=256, batch_size=256),
+                        num_sequences=256, num_sequences_fine=128, batch_size=128),
     )
 
 

@@ -22,6 +22,7 @@ scale), 2,400 steps — 6 trials, 78 minutes on 2 cores (docs/experiments.md §1
 
 import sys
 
+from par_ray.presets import LOCAL_EVAL_MULTIPLES, LOCAL_TRAIN_DEPTH
 from par_ray.sweep import SweepSpec, main
 
 PAPER_RULE = (6, 8, 0.5)
@@ -40,8 +41,12 @@ LOCAL_RECIPE = {
     "recipe.dense_pending": True, "recipe.fixed_point_weight": 1.0, "recipe.targets": "done",
     "task.given_prefix": 12, "backbone.adapter_alpha": 0.1, "backbone.attention_window": 2, "backbone.coda_window": 8,
     "train.steps": 2400, "train.eval_every": 1200,
+    # the coarse 1×, 2×, 4×, 8× depths, not the local preset's fine grid: halting evaluation runs R_max = 96
+    # iterations at every depth, so the fine grid's 11 depths between would double this sweep's evaluation (unmeasured)
+    "eval.depths": tuple(m * LOCAL_TRAIN_DEPTH for m in LOCAL_EVAL_MULTIPLES), "eval.num_sequences_fine": 0,
+    "eval.batch_size": 256,
 }
-"""The local preset's recipe options (on top of its halting recipes) and budget; tests at the local preset's 1×–8×
+"""The local preset's recipe options (on top of its halting recipes) and budget; tests at 1×–8× the local d_train
 (6 … 48, R_max 96), where experiment 9 measured this recipe at 0.97 / 0.47 / 0.004 / 0.004 with oracle stopping.
 (Experiment 14 ran it with tests 6/12/24 only, R_max 48.)"""
 

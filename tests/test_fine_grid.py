@@ -49,7 +49,8 @@ def test_fine_grid_rejects_bad_input_naming_the_field(args, field):
 def test_local_preset_uses_the_fine_grid_and_the_paper_preset_is_unchanged():
     local = validate(local_trial())
     assert local.eval.depths == fine_depths(LOCAL_TRAIN_DEPTH, 8 * LOCAL_TRAIN_DEPTH)
-    assert local.eval.num_sequences == 256 and local.eval.num_sequences_fine == 0
+    assert (local.eval.num_sequences, local.eval.num_sequences_fine, local.eval.batch_size) == (256, 128, 128)
+    assert {d for d in local.eval.depths if local.eval.sequences_at(d) == 256} == {6, 12, 24, 48}
     paper = paper_trial()
     assert (paper.eval.depths, paper.eval.num_sequences, paper.eval.num_sequences_fine) == (
         (32, 64, 128, 256, 512), 1024, 0)

@@ -548,6 +548,8 @@ def test_halting_sweep_evaluates_every_stopping_rule_in_one_trial_per_recipe_and
         assert sorted((c.recipe.name, c.train.seed) for _, c in plan.trials) == expected[preset]
         assert {(c.eval.halt_k, c.eval.halt_n, c.eval.halt_tau) for _, c in plan.trials} == {module.PAPER_RULE}
         assert all(c.task.name == "swap_s5" for _, c in plan.trials)
+        if preset == "local":  # halting runs R_max at every depth: the coarse grid, not the local fine one
+            assert {c.eval.depths for _, c in plan.trials} == {(6, 12, 24, 48)}
         # the primary rule plus the other PAPER_RULES as eval.halt_rules, i.e. every rule once (both presets)
         assert all({(c.eval.halt_k, c.eval.halt_n, c.eval.halt_tau), *c.eval.halt_rules} == set(module.PAPER_RULES)
                    and len(c.eval.halt_rules) == len(module.PAPER_RULES) - 1 for _, c in plan.trials)

@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     print("| depth | multiple | full-state acc | 95 % interval | per-query acc |\n|---:|---:|---:|---:|---:|")
     for d in cfg.eval.depths:
         lo, hi = m.get(depth_metric("acc_lo", d), float("nan")), m.get(depth_metric("acc_hi", d), float("nan"))
-        print(f"| {d} | {d / cfg.task.train_depth:g}× | {acc[d]:.3f} | {lo:.3f}–{hi:.3f} | "
+        print(f"| {d} | {d / cfg.task.train_depth:.3g}× | {acc[d]:.3f} | {lo:.3f}–{hi:.3f} | "
               f"{m[depth_metric('acc_query', d)]:.3f} |")
     interp = ("" if ex.d50_interp is None
               else f" (interpolated {ex.d50_interp:.1f}, G {format_G(ex, interpolated=True)})")
