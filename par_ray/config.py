@@ -262,14 +262,21 @@ class EvalConfig:
     ``par_ray.evaluation.BEST_R_MULTIPLES`` (one forward to the largest) and report the best R_m's accuracy as
     ``acc_d{D}``, with ``best_R_d{D}`` (the ``rlt`` recipe sets it)."""
 
+    def coarse_depths(self) -> tuple[int, ...]:
+        """The test depths that are ``depths[0]`` × 2^k (a fine grid's d_train × 1, 2, 4, 8 …; every depth of a
+        grid of doublings)."""
+        def coarse(d: int) -> bool:
+            m, r = divmod(d, self.depths[0])
+            return r == 0 and m >= 1 and m & (m - 1) == 0
+
+        return tuple(d for d in self.depths if coarse(d)) if self.depths else ()
+
     def sequences_at(self, depth: int) -> int:
-        """Sequences in the test set at ``depth``: ``num_sequences_fine`` (when set) at a depth that is not
-        ``depths[0]`` × 2^k, else ``num_sequences``."""
-        if not self.num_sequences_fine or not self.depths:
+        """Sequences in the test set at ``depth``: ``num_sequences_fine`` (when set) at a depth not in
+        :meth:`coarse_depths`, else ``num_sequences``."""
+        if not self.num_sequences_fine or depth in self.coarse_depths():
             return self.num_sequences
-        ratio = depth / self.depths[0]
-        coarse = ratio >= 1 and ratio.is_integer() and int(ratio) & (int(ratio) - 1) == 0
-        return self.num_sequences if coarse else self.num_sequences_fine
+        return self.num_sequences_fine
 
 
 @dataclass(frozen=True)

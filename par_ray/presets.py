@@ -258,11 +258,13 @@ def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 
 
 def smoke_overrides(cfg: TrialConfig) -> dict[str, object]:
     """Flat overrides that turn a preset trial into a smoke test: 4 steps of 8 sequences, the first two test depths
-    with 16 sequences each (the same count on a fine grid's in-between depths), evaluation, report and checkpoint
-    every 2 steps (so every report carries G)."""
+    of the doublings d_train × 1, 2, 4 … (``EvalConfig.coarse_depths``: a fine grid's 1× and 2×) with 16 sequences
+    each, evaluation, report and checkpoint every 2 steps (so every report carries G)."""
+    coarse = cfg.eval.coarse_depths()
+    depths = (coarse if len(coarse) >= 2 else cfg.eval.depths)[:2]
     return {
         "train.steps": 4, "train.batch_size": 8, "train.warmup_steps": 1, "train.eval_every": 2,
         "train.report_every": 2, "train.checkpoint_every": 2,
-        "eval.depths": ",".join(str(d) for d in cfg.eval.depths[:2]), "eval.num_sequences": 16, "eval.batch_size": 16,
+        "eval.depths": ",".join(str(d) for d in depths), "eval.num_sequences": 16, "eval.batch_size": 16,
         "eval.num_sequences_fine": 0,
     }

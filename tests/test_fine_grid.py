@@ -64,7 +64,9 @@ def test_scaled_depths_rebuilds_a_fine_grid_and_keeps_other_multiples():
 def test_smoke_overrides_validate_on_the_fine_grid():
     cfg = local_trial()
     smoke = validate(from_flat(smoke_overrides(cfg), base=cfg))
-    assert smoke.eval.depths == cfg.eval.depths[:2]
+    assert smoke.eval.depths == (6, 12)  # 1× and 2×, not 6 and 7
+    paper = paper_trial()
+    assert from_flat(smoke_overrides(paper), base=paper).eval.depths == paper.eval.depths[:2]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -77,6 +79,7 @@ def test_num_sequences_fine_applies_to_the_in_between_depths_only():
                                                                                        48: 256}
     assert ev.sequences_at(7) == ev.sequences_at(40) == 64
     assert EvalConfig(depths=(6, 7), num_sequences=32).sequences_at(7) == 32  # 0: num_sequences everywhere
+    assert ev.coarse_depths() == (6, 12, 24, 48) and EvalConfig(depths=(8, 12, 16)).coarse_depths() == (8, 16)
 
 
 @pytest.mark.parametrize("value", ["-1", "x", "1.5"])
