@@ -289,7 +289,7 @@ class SweepTracker:
             return
         final = dict(final or {})
         if final.get("G_censored") and "step" in final:  # d50 was not reached: make the last value say so
-            self.log_metrics(trial_id, {"d50": math.nan}, int(final["step"]))
+            self.log_metrics(trial_id, {"d50": math.nan, "d50_interp": math.nan}, int(final["step"]))
         curve = curve_metrics(cfg, final) if status == "FINISHED" else []
         if curve and not self.client.get_metric_history(run_id, CURVE_BY_DEPTH):
             self._log_batch(run_id, curve)
