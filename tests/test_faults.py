@@ -219,6 +219,30 @@ def test_a_truncated_snapshot_and_empty_checkpoint_files_fall_back_to_the_last_c
     assert repair_run_storage(str(tmp_path), "no_such_run") == []
 
 
+def test_a_checkpoint_file_cut_short_after_its_extra_json_arrived_is_incomplete(tmp_path):
+    """Ray Train copies a checkpoint to storage file by file; on a full disk ``extra.json`` can arrive whole while
+    ``state.pt`` stops mid-way (nonzero size). The manifest ``write_extra`` stores tells: that checkpoint is removed and
+    the run resumes from the one before."""
+    import json
+
+    from par_ray.train.checkpoint import write_extra
+    from par_ray.train.trainer import SNAPSHOT_FILE, repair_run_storage
+
+    run = tmp_path / "trial_x"
+    for name, step in (("checkpoint_a", 2), ("checkpoint_b", 4)):
+        (run / name).mkdir(parents=True)
+        (run / name / "state.pt").write_bytes(b"weights" * 100)
+        write_extra(str(run / name), {"step": step, "report": {"step": step}}, rank=0)
+    assert json.loads((run / "checkpoint_b" / "extra.json").read_text())["files"] == {"state.pt": 700}
+    (run / "checkpoint_b" / "state.pt").write_bytes(b"weights")  # cut short
+    (run / SNAPSHOT_FILE).write_text(json.dumps({"checkpoint_results": [
+        {"checkpoint_dir_name": n, "metrics": {"step": s}} for n, s in (("checkpoint_a", 2), ("checkpoint_b", 4))]}))
+    notes = repair_run_storage(str(tmp_path), "trial_x")
+    assert sorted(p.name for p in run.glob("checkpoint_*") if p.is_dir()) == ["checkpoint_a"]
+    assert notes[0] == "removed incomplete checkpoint checkpoint_b (empty, missing or cut-short files)"
+    assert notes[-1].endswith("resuming from step 2 (checkpoint_a)")
+
+
 def test_orphan_checkpoints_are_removed_by_the_retention_rule_on_resume(tmp_path):
     """Folders Train never registered (an interrupt between writing and registering) or had retired without deleting
     (between saving its snapshot and deleting the worst): complete, unlisted, never read or deleted by Train. The

@@ -296,7 +296,7 @@ def test_a_full_disk_ends_the_sweep_with_closed_runs_and_resume_completes(tmp_pa
                  "--mlflow-uri", uri]
         first = _sweep(script, *flags)
         assert first.returncode != 0
-        assert "No space left on device" in first.stderr
+        assert first.stderr.strip().splitlines()[-1] == f"error: No space left on device: {disk / 'storage'}"
         parent, children = sweep_runs(uri, "sigterm_demo")
         assert parent.info.status != "RUNNING" and all(c.info.status != "RUNNING" for c in children)
 

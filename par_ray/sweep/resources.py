@@ -232,9 +232,10 @@ def connect():
     try:
         context = ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True,
                            runtime_env=runtime_env, **local)
-    except (ray.exceptions.AuthenticationError, RuntimeError) as e:
-        # Ray 2.60 raises "Failed to connect to GCS" (RuntimeError) around the AuthenticationError
-        if not isinstance(e, ray.exceptions.AuthenticationError) and "AuthenticationError" not in str(e):
+    except (ray.exceptions.AuthenticationError, RuntimeError, ConnectionError) as e:
+        # Ray 2.60 wraps the AuthenticationError: "Failed to connect to GCS" (RuntimeError), raised again as
+        # "Failed to connect to Ray cluster" (ConnectionError) when joining an address
+        if not _auth_failure(e):
             raise
         raise SweepConfigError(f"Ray: the cluster at {address} requires token authentication and this process has no "
                                f"token for it; set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token"
@@ -245,6 +246,19 @@ def connect():
     else:
         print(f"Ray: joined {address}", flush=True)
     return context
+
+
+def _auth_failure(error: BaseException | None) -> bool:
+    """Whether ``error`` or an exception in its chain is Ray's token ``AuthenticationError`` (or names it)."""
+    import ray
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ray.exceptions.AuthenticationError) or "AuthenticationError" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def cluster_has_gpu() -> bool:

@@ -22,6 +22,7 @@ and ``stderr`` (``RunConfig(log_to_file=True)``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -396,14 +397,45 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
             results = tuner.fit()
     except BaseException as e:
         closed = _close_runs(tracker)
-        print(f"\nsweep {spec.name} stopped by {type(e).__name__}; {closed} trial run(s) and the sweep run closed as "
-              f"KILLED. {RESUME_HINT}", file=sys.stderr, flush=True)
+        full = None if isinstance(e, KeyboardInterrupt) else full_disk(e, storage)
+        print(f"\nsweep {spec.name} stopped by {'a full disk' if full else type(e).__name__}; {closed} trial run(s) "
+              f"and the sweep run closed as KILLED. {RESUME_HINT}", file=sys.stderr, flush=True)
+        if full is not None and full is not e:
+            raise full from e
         raise
     if context is not None:  # a cluster this call connected to: flush the trials' last lines before the summary
         import ray
 
         ray.shutdown()
     return finish_sweep(results, plan, tracker, None if remote else f"{storage}/analysis")
+
+
+def full_disk(error: BaseException, storage: str) -> OSError | None:
+    """The full disk behind ``error``, as an ``OSError`` (ENOSPC) naming its path, or ``None``.
+
+    Either an ENOSPC in the exception's chain, or a local ``storage`` where 1 MiB cannot be written now: Tune can
+    surface a full disk as another error (an ``EOFError`` from reading a trial's error file that ENOSPC cut to 0 bytes).
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return error
+        error = error.__cause__ or error.__context__
+    if "://" in storage or not os.path.isdir(storage):
+        return None
+    probe = os.path.join(storage, ".par_ray_space_probe")
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 2**20)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), storage) if e.errno == errno.ENOSPC else None
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(probe)
+    return None
 
 
 def finish_sweep(results, plan: Plan, tracker, analysis_dir: str | None) -> int:

@@ -77,14 +77,27 @@ RESULT_FILE = "result.json"
 """``python -m par_ray.train``'s result beside ``final/`` (the config of exports older than ``extra.json``'s)."""
 
 
+MANIFEST_KEY = "files"
+"""``extra.json``'s manifest: ``{relative path: bytes}`` of every file rank 0 wrote into the checkpoint before it."""
+
+
 def write_extra(directory: str, extra: dict, rank: int) -> None:
     """Rank 0 writes the loop's bookkeeping (``extra``, JSON) beside the strategy's state: last and atomically (a
     temporary file, then a rename), so a checkpoint folder with an ``extra.json`` is complete (a full disk or a
-    killed worker leaves none; ``par_ray.train.trainer.repair_run_storage`` relies on it)."""
+    killed worker leaves none; ``par_ray.train.trainer.repair_run_storage`` relies on it). It also lists the size of
+    every file rank 0 wrote there (:data:`MANIFEST_KEY`): Ray Train copies the folder to storage file by file, not
+    atomically, and on a full disk a copy can stop mid-file after ``extra.json`` arrived; the sizes tell."""
     if rank == 0:
         path = os.path.join(directory, EXTRA_FILE)
+        files = {}
+        for root, _, names in os.walk(directory):
+            for name in names:
+                full = os.path.join(root, name)
+                rel = os.path.relpath(full, directory)
+                if rel != EXTRA_FILE and not rel.endswith(".tmp"):
+                    files[rel] = os.path.getsize(full)
         with open(path + ".tmp", "w") as f:
-            json.dump(extra, f)
+            json.dump({**extra, MANIFEST_KEY: files}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)

@@ -20,6 +20,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
 
 from par_ray.config import TrialConfig, to_flat
+from par_ray.train.checkpoint import MANIFEST_KEY
 from par_ray.train.loop import RESUME_FREE_FIELDS, LockstepError, NonFiniteLossError, train_loop_per_worker
 from par_ray.trial import validate
 
@@ -175,8 +176,8 @@ def repair_run_storage(storage_path: str, name: str) -> list[str]:
     """Make the stored checkpoints of run ``name`` loadable again after a write was cut short (a full disk, a killed
     node), so that the run resumes from its last complete checkpoint; returns one line per repair (empty: none).
 
-    A checkpoint folder is complete when its ``extra.json`` (written last, atomically) holds the step, and none of its
-    files is empty. Incomplete folders are removed. Ray Train's snapshot (:data:`SNAPSHOT_FILE`) is
+    A checkpoint folder is complete when its ``extra.json`` (written last, atomically) holds the step, none of its
+    files is empty, and every file its manifest lists has the size listed (``par_ray.train.checkpoint.write_extra``). Incomplete folders are removed. Ray Train's snapshot (:data:`SNAPSHOT_FILE`) is
     rewritten from the complete checkpoints, in step order and with their reports, when it does not parse (ENOSPC
     truncates it to 0 bytes and every later start raises ``CheckpointManagerInitializationError``) or names a
     checkpoint that is not complete; with no complete checkpoint left it is removed (the run starts afresh).
@@ -198,7 +199,7 @@ def repair_run_storage(storage_path: str, name: str) -> list[str]:
         extra = _complete_checkpoint(fs, info.path)
         if extra is None:
             fs.delete_dir(info.path)
-            notes.append(f"removed incomplete checkpoint {info.base_name} (empty or missing files)")
+            notes.append(f"removed incomplete checkpoint {info.base_name} (empty, missing or cut-short files)")
         else:
             complete[info.base_name] = extra
     snapshot_path = f"{run_dir}/{SNAPSHOT_FILE}"
@@ -257,7 +258,12 @@ def _complete_checkpoint(fs, directory: str) -> dict | None:
             extra = json.loads(f.read().decode())
     except ValueError:
         return None
-    return extra if isinstance(extra, dict) and "step" in extra else None
+    if not isinstance(extra, dict) or "step" not in extra:
+        return None
+    sizes = {i.path[len(directory) + 1:]: i.size for i in files}
+    if any(sizes.get(rel) != size for rel, size in extra.get(MANIFEST_KEY, {}).items()):
+        return None  # a file cut short or missing (Train's copy to storage stopped mid-way)
+    return extra
 
 
 def config_hash(cfg: TrialConfig) -> str:
