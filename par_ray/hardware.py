@@ -131,8 +131,13 @@ measured with tiny-qwen2 and tiny-qwen3 local-preset trials training side by sid
 2026; 40 steps of the trial's own (d, R) draws, FLOPs of those draws, then one full evaluation): training 0.39 and
 0.37 (0.46 / 0.40 alone), evaluation 0.42 (0.44 alone). Two trials slow each other more than two big matmuls do
 (the per-core matmul peak drops 5 % with both cores busy, a training step 12–19 %): backward and AdamW are memory
-bound and share the memory bandwidth and L3. What a trial reaches inside a Ray sweep (Ray's own processes on the
-same cores) is measured by ``python -m analysis`` (``cost_overrides.json``)."""
+bound and share the memory bandwidth and L3. Checked in a real local sweep (README, "What a sweep costs"): the trials
+reached 0.34–0.37 training and 0.38–0.42 evaluation, Ray's own processes taking ~20 % of the two cores. These
+evaluation figures are of the coarse test grid (6/12/24/48, batches of 256); the fine grid the local preset now
+evaluates (15 depths, batches of 128) measured 0.49 side by side in one run, where training measured 0.43–0.47: this
+VM's step rate moves ~±10 % between runs while its matmul peak moves ~5 %, so 0.42 stays (evaluation is ~10 % of a
+local trial: 0.42 vs 0.49 moves its planned wall ~2 %). What a trial reaches inside a Ray sweep is measured by
+``python -m analysis`` (``cost_overrides.json``)."""
 
 
 @dataclass(frozen=True)
