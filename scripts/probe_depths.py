@@ -3,7 +3,9 @@
     python scripts/probe_depths.py runs/par-s0 --max-depth 32
 
 Loads the run's final model with ``par_ray.train.checkpoint.load_trained`` (``RUN``: a run directory of ``python -m
-par_ray.train`` or any checkpoint directory, written by any strategy: ddp, fsdp, deepspeed), on this process.
+par_ray.train`` or any checkpoint directory, written by any strategy: ddp, fsdp, deepspeed), on this process, and
+samples prompts as training fed them (``par_ray.train.checkpoint.trained_task``: a pretrained parent reads the task's
+words through its tokenizer, ``par_ray.prompts``; a random-init model the compact task ids).
 Shows where a learned solution stops: the depth curve (does accuracy decay smoothly or fall off a cliff right past
 d_train?) and, at a fixed depth, whether iteration k really holds z_k (the progress-aligned target). The diagnosis
 line separates the two failures of docs/experiments.md, experiment 5: *prompt length* (the trained iterations
@@ -18,8 +20,7 @@ import argparse
 
 import torch
 
-from par_ray.tasks import build_task
-from par_ray.train.checkpoint import load_trained
+from par_ray.train.checkpoint import load_trained, trained_task
 from par_ray.trial import resolve
 
 
@@ -36,7 +37,7 @@ def main() -> None:
     args = p.parse_args()
     trained = load_trained(args.run)
     cfg, model = trained.config, trained.model
-    task = build_task(cfg.task)
+    task = trained_task(cfg)  # the prompts as training rendered them (pretrained parent: its tokenizer's words)
     c = cfg.recipe.ops_per_iteration
     with torch.no_grad():
         row = []

@@ -84,3 +84,20 @@ def test_a_table_that_splits_repeats_or_collides_is_refused_naming_each_problem(
         token_table(task, tok)
     with pytest.raises(ValueError, match="words for"):
         token_table(type("T", (), {"name": "x", "words": (), "vocab_size": 3})(), tok)
+
+
+def test_a_loaded_model_is_probed_with_the_prompts_it_was_trained_on(qwen, write_checkpoint, tmp_path):
+    """``load_trained``'s consumers (``evaluate_trained``, scripts/probe_depths.py) sample through ``trained_task``:
+    the stored config's parent tokenizer renders the task's words, as the training loop did; random-init: compact."""
+    from par_ray.config import BackboneConfig, TrialConfig
+    from par_ray.train.checkpoint import trained_task
+
+    directory = write_checkpoint(tmp_path / "parent", "qwen2.5-0.5b")
+    pretrained = TrialConfig(backbone=BackboneConfig(name="qwen2.5-0.5b", pretrained=directory),
+                             task=TaskConfig(name="swap_s5", train_depth=4))
+    task, want = trained_task(pretrained), render(TASKS["swap_s5"], qwen)
+    assert isinstance(task, Rendered) and task.token_ids.tolist() == want.token_ids.tolist()
+    assert torch.equal(task.sample(4, 2, seed=3).input_ids, want.sample(4, 2, seed=3).input_ids)
+    random_init = TrialConfig(task=TaskConfig(name="swap_s5", train_depth=4))
+    assert torch.equal(trained_task(random_init).sample(4, 2, seed=3).input_ids,
+                       TASKS["swap_s5"].sample(4, 2, seed=3).input_ids)

@@ -52,8 +52,10 @@ from typing import Callable
 import torch
 
 from par_ray.config import TrialConfig, from_flat
+from par_ray.prompts import render
+from par_ray.tasks import build_task
 from par_ray.trial import resolve
-from par_ray.weights import resolved_backbone
+from par_ray.weights import parent_tokenizer, resolved_backbone
 
 EXTRA_FILE = "extra.json"
 """The loop's bookkeeping (step, time, flat config), JSON, written by rank 0 beside every format's state."""
@@ -474,6 +476,18 @@ def load_trained(path: str) -> Trained:
     return Trained(model=model, config=cfg, step=step, format=checkpoint_format(directory))
 
 
+def trained_task(cfg: TrialConfig, train: bool = False):
+    """The task as the trial's model read it in training (``train_loop_per_worker``): rendered through the parent's
+    tokenizer for a pretrained backbone (``par_ray.prompts.render``: the task's words as single parent tokens, loaded
+    offline from ``backbone.pretrained``), compact task ids for a random-init one. ``train``: the training variant
+    (``TaskConfig.train_filler`` separators). What probes of a loaded model (:func:`load_trained`) sample from.
+
+    Raises:
+        ValueError: the parent's tokenizer cannot be found offline, or the task does not render through it.
+    """
+    return render(build_task(cfg.task, train=train), parent_tokenizer(cfg.backbone))
+
+
 def evaluate_trained(trained: Trained, eval_cfg=None) -> dict:
     """Accuracy by depth, d50 and G of a loaded model on this process (``par_ray.evaluation``, paper §4.2).
 
@@ -484,11 +498,10 @@ def evaluate_trained(trained: Trained, eval_cfg=None) -> dict:
         "G_censored": bool}``.
     """
     from par_ray.evaluation import accuracy_by_depth, extrapolation
-    from par_ray.tasks import build_task
 
     cfg = trained.config
     eval_cfg = eval_cfg or cfg.eval
-    task = build_task(cfg.task)
+    task = trained_task(cfg)
     acc = accuracy_by_depth(trained.model, task, eval_cfg, cfg.recipe.ops_per_iteration, torch.device("cpu"))
     ex = extrapolation({d: v["acc"] for d, v in acc.items()}, task.full_state_chance, cfg.task.train_depth)
     return {"acc": {d: v["acc"] for d, v in acc.items()}, "acc_query": {d: v["acc_query"] for d, v in acc.items()},
