@@ -3,28 +3,39 @@
 through ``backbone.pretrained=DIR``, the path a hub checkpoint takes (``backbones.load`` → ``load_checkpoint``).
 
 Full form only (``PAR_RAY_FULL=1``): each case needs several GB of RAM and minutes on 2 cores. Each prints its time
-per step and peak memory (``pytest -s``) for the README's performance section.
+per step and peak memory (``pytest -s``) for the README's performance section, and holds the memory planner's terms
+(``par_ray.planner.plan_trial``: parameters, AdamW state, the step's peak) against what the step really allocated
+(``benchmarks/bench_memory.py``'s measurement: live tensor storages, then the CPU allocator's peak during a step).
+Run one size per process (``-k qwen2.5`` / ``-k qwen3``): peak RSS is the process's.
 """
 
 from __future__ import annotations
 
 import gc
 import math
+import os
 import resource
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig
+from par_ray import cost, planner
+from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, to_flat
 from par_ray.evaluation import accuracy_by_depth
 from par_ray.model import backbones
 from par_ray.model.looped import build_looped
 from par_ray.tasks import build_task
+from par_ray.train.checkpoint import EXPORT_FILE, export_model, load_trained
 from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
 
 pytestmark = [pytest.mark.slow, pytest.mark.full_only]
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_memory  # noqa: E402 - the benchmark's measurement, not a copy of it
 
 EVAL_DEPTH = 256
 
@@ -58,23 +69,44 @@ def test_one_iteration_reproduces_the_parent_at_real_size(checkpoint):
     assert diff < 1e-4
 
 
-def test_two_training_steps_and_an_evaluation_at_depth_256(checkpoint):
-    """Two PAR steps (batch 2, d_train 4, window 2) and one test batch at d = 256 (R = 256 iterations) on the parent
-    loaded from the checkpoint; losses finite, the state RMS anchored over all 256 iterations."""
+def test_two_training_steps_and_an_evaluation_at_depth_256(checkpoint, tmp_path):
+    """Three PAR steps (batch 2, d_train 4, window 2; the third under the memory profiler) and one test batch at
+    d = 256 (R = 256 iterations) on the parent loaded from the checkpoint; losses finite, the planner's parameter +
+    AdamW bytes within 1 % and its peak within 15 % of the measured ones, the state RMS anchored over all 256
+    iterations; the export (``final/``) is 4 B per parameter and loads back bit for bit."""
     name, directory = checkpoint
-    task_cfg = TaskConfig(train_depth=4)
-    recipe = RecipeConfig(grad_window=2, max_iterations=8)
+    cfg = TrialConfig(backbone=BackboneConfig(name=name, pretrained=directory), task=TaskConfig(train_depth=4),
+                      recipe=RecipeConfig(grad_window=2, max_iterations=8),
+                      train=TrainConfig(steps=3, batch_size=2, lr=1e-5, warmup_steps=1))
+    task_cfg, recipe = cfg.task, cfg.recipe
     task = build_task(task_cfg)
     torch.manual_seed(0)
     rss0 = _rss_gb()
-    model = build_looped(BackboneConfig(name=name, pretrained=directory), recipe)
-    engine = prepare(model, TrainConfig(steps=2, batch_size=2, lr=1e-5, warmup_steps=1), World())
+    model = build_looped(cfg.backbone, recipe)
+    engine = prepare(model, cfg.train, World())
     loss_fn = build_step_loss(recipe, task)
-    seconds = []
-    for step in range(2):
-        res = train_step(engine, task, task_cfg, loss_fn, seed=0, step=step, global_batch=2)
-        seconds.append(res.seconds)
+    seconds, results = [], []
+
+    def step(i):
+        results.append(train_step(engine, task, task_cfg, loss_fn, seed=0, step=i, global_batch=2))
+        seconds.append(results[-1].seconds)
+
+    step(0)  # creates the AdamW state, as every later step has it
+    step(1)  # timed as a plain step
+    gc.collect()
+    state = bench_memory._unique_bytes(bench_memory._state_tensors(engine))  # parameters, buffers, AdamW m and v
+    peak = state + bench_memory._allocator_peak(lambda: step(2))
+    for res in results:
         assert math.isfinite(res.loss) and math.isfinite(res.grad_norm)
+    plan = planner.plan_trial(cfg)
+    gb = 1e9
+    print(f"{name}: plan (fp32, ddp, 1 worker, R = {plan.R}, window {plan.grad_window}, B = {plan.micro_batch}, "
+          f"T = {plan.seq_len}): parameters {plan.params / gb:.2f} GB + AdamW {plan.optimizer / gb:.2f} GB = "
+          f"{(plan.params + plan.optimizer) / gb:.2f} GB vs {state / gb:.2f} GB live at the step's start; gradients "
+          f"{plan.grads / gb:.2f} GB, activations {plan.activations / gb:.3f} GB; peak ({plan.peak_phase}) "
+          f"{plan.total / gb:.2f} GB vs {peak / gb:.2f} GB measured (allocator)")
+    assert abs(state - (plan.params + plan.optimizer)) <= 0.01 * state
+    assert abs(peak - plan.total) <= 0.15 * peak, (peak, plan.total)
     outputs = []
 
     def model_fn(*args, **kwargs):  # the evaluation's own forward, kept for its state RMS per iteration
@@ -87,8 +119,18 @@ def test_two_training_steps_and_an_evaluation_at_depth_256(checkpoint):
     eval_seconds = time.perf_counter() - t0
     rms = outputs[0].state_rms_R
     assert len(rms) == EVAL_DEPTH
-    print(f"{name}: steps {seconds[0]:.1f} s, {seconds[1]:.1f} s; evaluation at d = {EVAL_DEPTH} (1 sequence, "
-          f"R = {EVAL_DEPTH}) {eval_seconds:.1f} s; peak RSS {_rss_gb():.2f} GiB (before the build {rss0:.2f}); "
+    print(f"{name}: steps {seconds[0]:.1f} s, {seconds[1]:.1f} s, {seconds[2]:.1f} s (the last under the memory "
+          f"profiler); evaluation at d = {EVAL_DEPTH} (1 sequence, R = {EVAL_DEPTH}) {eval_seconds:.1f} s; peak RSS {_rss_gb():.2f} GiB (before the build {rss0:.2f}); "
           f"state RMS k = 1 {rms[0]:.3f}, k = {EVAL_DEPTH} {rms[-1]:.3f}")
     assert 0.0 <= acc[EVAL_DEPTH]["acc"] <= 1.0
     assert torch.isfinite(rms).all() and torch.allclose(rms[-1], rms[0], rtol=1e-3)
+
+    # the export a run leaves in final/: float32 weights only (was the full ddp state, ~11 B more per parameter)
+    export_model(engine, str(tmp_path / "final"), {"step": 3, "config": to_flat(cfg)})
+    size = os.path.getsize(tmp_path / "final" / EXPORT_FILE)
+    print(f"{name}: export {size / 1e9:.2f} GB (planned {cost.export_bytes(cfg) / 1e9:.2f} GB: 4 B x "
+          f"{plan.num_params:,} parameters)")
+    assert 0 <= size - cost.export_bytes(cfg) < 1e6
+    loaded = load_trained(str(tmp_path)).model.state_dict()
+    for k, v in engine.raw.state_dict().items():
+        assert torch.equal(loaded[k], v), k
