@@ -245,6 +245,7 @@ def test_search_metric_is_checked():
                      search=Search(space=space))
     assert sweep.build_plan(spec, Options(metric="acc_longest"), "local").metric == "acc_d48"
     assert sweep.build_plan(spec, Options(metric="loss"), "local").metric == "loss"
+    assert sweep.build_plan(spec, Options(metric="G_interp"), "local").metric == "G_interp"  # reported beside G
     with pytest.raises(SweepConfigError, match="--metric: 'acc_d1000'"):
         sweep.build_plan(spec, Options(metric="acc_d1000"), "local")
     bad_space = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, overrides=ok,

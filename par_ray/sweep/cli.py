@@ -97,7 +97,8 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
                         "exceeds X dollars; the dry run prints the plan, then refuses the same way")
     if spec.search is not None:
         p.add_argument("--metric", default=None,
-                       help=f"metric to optimize (default {spec.search.metric}): G, acc_longest, acc_d<D>, loss …")
+                       help=f"metric to optimize (default {spec.search.metric}): G, G_interp (the interpolated G), "
+                            "acc_longest, acc_d<D>, loss …")
         p.add_argument("--num-samples", type=int, default=None, help=f"trials (default {spec.search.num_samples})")
     a = p.parse_args(argv)
     if getattr(a, "num_samples", None) is not None and a.num_samples < 1:

@@ -64,7 +64,9 @@ class Search:
     """Flat config key → ``ray.tune`` domain (``tune.loguniform``, ``tune.randint``, ``tune.choice`` …), or a
     function of the first grid point's config returning one (e.g. layer splits that depend on the backbone's depth)."""
     metric: str = "G"
-    """A reported metric: ``G``, ``loss``, ``train_acc``, ``acc_d{D}``, ``acc_query_d{D}`` or ``acc_longest``."""
+    """A reported metric: ``G``, ``G_interp`` (the interpolated G, ``par_ray.evaluation.extrapolation``: continuous
+    where G steps between test depths), ``loss``, ``train_acc``, ``acc_d{D}``, ``acc_query_d{D}`` or
+    ``acc_longest``."""
     mode: str = "max"
     num_samples: int = 8
     """Trials Optuna proposes."""
@@ -397,7 +399,7 @@ def _check_metric(metric: str, mode: str, cfgs: list[TrialConfig]) -> tuple[str,
         if len(depths) != 1:
             raise SweepConfigError(f"--metric acc_longest: trials test different depths {sorted(depths)}")
         metric = depth_metric("acc", max(next(iter(depths))))
-    eval_metrics = {"G"} | {depth_metric(k, d) for ds in depths for d in ds for k in ("acc", "acc_query")}
+    eval_metrics = {"G", "G_interp"} | {depth_metric(k, d) for ds in depths for d in ds for k in ("acc", "acc_query")}
     allowed = sorted(eval_metrics | {"loss", "train_acc"}) + list(METRIC_ALIASES)
     if metric not in allowed:
         raise SweepConfigError(f"--metric: {metric!r} is not one of {allowed}")
