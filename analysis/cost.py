@@ -66,7 +66,9 @@ def _pct(planned: float | None, actual: float | None) -> str:
 
 
 def _h(x: float | None) -> str:
-    return MISSING if x is None or math.isnan(x) else (f"{x * 60:.1f} min" if x < 1 else f"{x:.2f} h")
+    if x is None or math.isnan(x):
+        return MISSING
+    return f"{x * 3600:.0f} s" if x < 1 / 60 else f"{x * 60:.1f} min" if x < 1 else f"{x:.2f} h"
 
 
 def plan_vs_actual(frame: pl.DataFrame) -> Table | None:

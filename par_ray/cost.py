@@ -435,7 +435,8 @@ def usd(x: float | None) -> str:
 
 
 def hours(h: float) -> str:
-    return f"{h * 60:.1f} min" if h < 1 else f"{h:.1f} h"
+    """A duration given in hours, in the unit that shows it: seconds under a minute, minutes under an hour."""
+    return f"{h * 3600:.0f} s" if h < 1 / 60 else f"{h * 60:.1f} min" if h < 1 else f"{h:.1f} h"
 
 
 def assumptions(costs: typing.Iterable[TrialCost], table: Table) -> list[str]:
