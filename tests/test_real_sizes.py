@@ -134,3 +134,63 @@ def test_two_training_steps_and_an_evaluation_at_depth_256(checkpoint, tmp_path)
     loaded = load_trained(str(tmp_path)).model.state_dict()
     for k, v in engine.raw.state_dict().items():
         assert torch.equal(loaded[k], v), k
+
+
+def test_two_fsdp2_workers_on_gloo_at_0_5b(tmp_path):
+    """The CLI on 2 Ray Train workers, FSDP2 over gloo, at the full qwen2.5-0.5b size: two PAR steps, one evaluation
+    at d = 256 and the export, gathered from both ranks' shards, loading back; prints each worker's peak RSS (sampled
+    once a second) against the planner's per-rank total."""
+    import json
+    import shutil
+    import subprocess
+    import threading
+
+    import psutil
+
+    from conftest import QWEN_TOKENIZER_DIR
+
+    torch.manual_seed(0)
+    backbones.load("qwen2.5-0.5b", dtype=torch.bfloat16).save_pretrained(tmp_path / "parent")
+    for name in os.listdir(QWEN_TOKENIZER_DIR):  # the CLI checks a parent's tokenizer before it starts
+        shutil.copy(os.path.join(QWEN_TOKENIZER_DIR, name), tmp_path / "parent")
+    gc.collect()
+    out = tmp_path / "run"
+    overrides = ["train.batch_size=2", "train.lr=1e-5", "train.warmup_steps=1", "recipe.grad_window=2",
+                 "recipe.max_iterations=8", "eval.num_sequences=2", "eval.batch_size=2", "train.eval_every=2"]
+    peaks: dict[int, int] = {}
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(1.0):
+            for proc in psutil.process_iter(["pid", "cmdline", "memory_info"]):
+                if any("RayTrainWorker" in a for a in proc.info["cmdline"] or ()) and proc.info["memory_info"]:
+                    peaks[proc.info["pid"]] = max(peaks.get(proc.info["pid"], 0), proc.info["memory_info"].rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run([sys.executable, "-m", "par_ray.train", "--backbone", "qwen2.5-0.5b", "--pretrained",
+                            str(tmp_path / "parent"), "--workers", "2", "--strategy", "fsdp", "--steps", "2",
+                            "--train-depth", "4", "--eval-depths", str(EVAL_DEPTH), "--out", str(out),
+                            *[a for o in overrides for a in ("--set", o)]],
+                           capture_output=True, text=True, timeout=1800, env={**os.environ, "RAY_ADDRESS": "local"})
+    finally:
+        done.set()
+        sampler.join()
+    wall = time.perf_counter() - t0
+    print(r.stdout[-3000:], r.stderr[-3000:], sep="\n----- stderr -----\n")
+    assert r.returncode == 0
+    result = json.loads((out / "result.json").read_text())
+    cfg = TrialConfig(backbone=BackboneConfig(name="qwen2.5-0.5b", pretrained=str(tmp_path / "parent")),
+                      task=TaskConfig(train_depth=4), recipe=RecipeConfig(grad_window=2, max_iterations=8),
+                      train=TrainConfig(steps=2, batch_size=2, num_workers=2, strategy="fsdp"))
+    plan = planner.plan_trial(cfg)
+    worker_peaks = sorted(peaks.values(), reverse=True)[:2]
+    print(f"qwen2.5-0.5b, 2 FSDP2 workers on gloo: {wall:.0f} s wall (Ray start, build, 2 steps, evaluation at "
+          f"d = {EVAL_DEPTH}, export; train {result['train_seconds']:.0f} s, evaluation {result['eval_seconds']:.0f} s); "
+          f"peak RSS per worker {', '.join(f'{b / 2**30:.2f}' for b in worker_peaks)} GiB, planned "
+          f"{plan.total / 2**30:.2f} GiB per rank")
+    assert math.isfinite(result["final_loss"])
+    loaded = load_trained(str(out))
+    assert sum(p.numel() for p in loaded.model.parameters()) > 4e8
