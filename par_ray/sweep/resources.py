@@ -11,6 +11,7 @@ forever.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import typing
@@ -229,6 +230,7 @@ def connect():
             port = s.getsockname()[1]
         os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
         local = dict(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port)
+    _check_token(address)
     try:
         context = ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True,
                            runtime_env=runtime_env, **local)
@@ -237,15 +239,36 @@ def connect():
         # "Failed to connect to Ray cluster" (ConnectionError) when joining an address
         if not _auth_failure(e):
             raise
-        raise SweepConfigError(f"Ray: the cluster at {address} requires token authentication and this process has no "
-                               f"token for it; set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token"
-                               ) from None
+        raise _token_error(address) from None
     if address == "local":
         res = ray.cluster_resources() if ray.is_initialized() else {}
         print(f"Ray: started a local cluster ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU)", flush=True)
     else:
         print(f"Ray: joined {address}", flush=True)
     return context
+
+
+def _token_error(address: str) -> SweepConfigError:
+    return SweepConfigError(f"Ray: the cluster at {address} requires token authentication and this process has no "
+                            f"token for it; set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token")
+
+
+def _check_token(address: str) -> None:
+    """One connection attempt to the GCS at ``address`` (``host:port``) before ``ray.init``: a cluster that refuses this
+    process's token (or its lack of one) raises :class:`SweepConfigError` at once, where ``ray.init`` would retry for
+    ~20 s (``RAY_NUM_REDIS_GET_RETRIES``), logging a warning each second, then raise. Any other outcome (connected,
+    GCS not up yet) is left to ``ray.init``. Ray's ``GcsClient`` (``ray._raylet``, what ``ray.init`` itself uses)."""
+    if not re.fullmatch(r"[\w.\-]+:\d+", address):  # local, auto, ray://…: ray.init's own resolution
+        return
+    try:
+        from ray._raylet import GcsClient
+    except ImportError:  # another Ray: ray.init's own error stands
+        return
+    try:
+        GcsClient(address=address)
+    except Exception as e:  # noqa: BLE001 - only an authentication failure is ours to name
+        if _auth_failure(e):
+            raise _token_error(address) from None
 
 
 def _auth_failure(error: BaseException | None) -> bool:
