@@ -112,9 +112,11 @@ def save_atomic(obj, path: str) -> None:
 
 
 def read_extra(directory: str) -> dict:
-    """The ``extra`` dict :func:`write_extra` stored in ``directory``."""
+    """The ``extra`` dict :func:`write_extra` stored in ``directory`` (its file manifest left out)."""
     with open(os.path.join(directory, EXTRA_FILE)) as f:
-        return json.load(f)
+        extra = json.load(f)
+    extra.pop(MANIFEST_KEY, None)
+    return extra
 
 
 def _ema_state(state: dict | None, directory: str) -> dict:
