@@ -271,17 +271,22 @@ def _check_token(address: str) -> None:
             raise _token_error(address) from None
 
 
+def exception_chain(error: BaseException | None) -> typing.Iterator[BaseException]:
+    """``error``, then the exceptions it was raised from or while handling (``__cause__``, else ``__context__``),
+    each once."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
 def _auth_failure(error: BaseException | None) -> bool:
     """Whether ``error`` or an exception in its chain is Ray's token ``AuthenticationError`` (or names it)."""
     import ray
 
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, ray.exceptions.AuthenticationError) or "AuthenticationError" in str(error):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return any(isinstance(e, ray.exceptions.AuthenticationError) or "AuthenticationError" in str(e)
+               for e in exception_chain(error))
 
 
 def cluster_has_gpu() -> bool:

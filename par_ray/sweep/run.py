@@ -31,8 +31,8 @@ import time
 import typing
 
 from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, check_budget, cluster_capacity,
-                                     cluster_has_gpu, connect, cost_summary, local_preset_guess, max_concurrent_trials,
-                                     print_plan, reservation, sweep_cost, trial_resources)
+                                     cluster_has_gpu, connect, cost_summary, exception_chain, local_preset_guess,
+                                     max_concurrent_trials, print_plan, reservation, sweep_cost, trial_resources)
 from par_ray.cost import trial_cost
 from par_ray.hardware import load_table
 from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
@@ -416,12 +416,9 @@ def full_disk(error: BaseException, storage: str) -> OSError | None:
     Either an ENOSPC in the exception's chain, or a local ``storage`` where 1 MiB cannot be written now: Tune can
     surface a full disk as another error (an ``EOFError`` from reading a trial's error file that ENOSPC cut to 0 bytes).
     """
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            return error
-        error = error.__cause__ or error.__context__
+    for e in exception_chain(error):
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return e
     if "://" in storage or not os.path.isdir(storage):
         return None
     probe = os.path.join(storage, ".par_ray_space_probe")
