@@ -250,17 +250,23 @@ def ray_accelerator_type(device_name: str) -> str:
 
 
 def _from_gpu_check(doc: dict, path: str) -> dict:
-    """A GPU check's JSON as price-file overrides: its mean training MFU on the device it ran on."""
+    """A GPU check's JSON (``benchmarks/gpu_check.py``) as price-file overrides: the training MFU it measured on the
+    device it ran on, as this table counts MFU — its ``train_mfu`` section's FLOP/s over the device's
+    :attr:`Device.peak_tflops` here (the peak the cost model divides by)."""
     sections = doc.get("sections", {})
-    mfus = [s["result"]["mfu"] for k, s in sections.items()
-            if k.startswith("throughput.") and s.get("status") == "ok" and s["result"].get("mfu")]
+    train = sections.get("train_mfu") or {}
+    flops_per_s = (train.get("result") or {}).get("flops_per_s") if train.get("status") == "ok" else None
     env = (sections.get("environment") or {}).get("result") or {}
     device = env.get("device") or ""
-    if doc.get("dry_run") or not mfus or not device:
-        raise ValueError(f"--prices: {path!r} is a GPU check without a measured GPU MFU (dry run, or no throughput "
-                         f"section succeeded)")
+    if doc.get("dry_run") or not flops_per_s or not device:
+        raise ValueError(f"--prices: {path!r} is a GPU check without a measured GPU MFU (dry run, or its train_mfu "
+                         f"section did not succeed)")
     name = ray_accelerator_type(str(device))
-    return {"devices": {name: {"mfu_train": sum(mfus) / len(mfus),
+    dev = DEVICES.get(name)
+    if dev is None or dev.peak_tflops is None:
+        raise ValueError(f"--prices: {path!r} ran on {device!r} ({name}), which has no bf16 peak in "
+                         f"par_ray/hardware.py DEVICES; known: {sorted(n for n, d in DEVICES.items() if d.peak_tflops)}")
+    return {"devices": {name: {"mfu_train": flops_per_s / (dev.peak_tflops * 1e12),
                                "mfu_source": f"{path} (benchmarks/gpu_check.py, {doc.get('started', '?')})"}}}
 
 

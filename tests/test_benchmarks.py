@@ -86,6 +86,14 @@ def test_gpu_check_dry_run_every_section(tmp_path):
     assert ev["R"] == plan.eval_depth and ev["seconds_per_1024"] == pytest.approx(ev["seconds"] * 1024 / plan.eval_share)
     assert sections["halting_memory"]["result"]["R_max"] == 2 * plan.halt_depth
     assert sections["fsdp2"]["result"]["backend"] == "gloo"
+    # its JSON is a --prices file (par_ray.hardware): as if it had run on an H200, the measured training MFU
+    from par_ray import hardware
+
+    as_gpu = {**doc, "dry_run": False}
+    as_gpu["sections"]["environment"]["result"]["device"] = "NVIDIA H200"
+    (tmp_path / "gpu.json").write_text(json.dumps(as_gpu))
+    assert hardware.load_table(str(tmp_path / "gpu.json")).mfu_of("H200", "train") == pytest.approx(
+        mfu["flops_per_s"] / (hardware.DEVICES["H200"].peak_tflops * 1e12))
 
 
 def test_gpu_check_without_cuda_fails_loudly_unless_dry_run(tmp_path, monkeypatch):

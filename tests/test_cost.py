@@ -274,10 +274,11 @@ def test_price_file_overrides_prices_peaks_and_mfu(tmp_path):
 
 
 def test_gpu_check_json_sets_the_measured_training_mfu(tmp_path):
-    doc = {"schema": 1, "dry_run": False, "started": "2026-12-02T05:00:00+00:00", "sections": {
-        "environment": {"status": "ok", "result": {"device": "NVIDIA H200"}},
-        "throughput.qwen2": {"status": "ok", "result": {"mfu": 0.3}},
-        "throughput.qwen3": {"status": "ok", "result": {"mfu": 0.2}}}}
+    """The check's own schema (``benchmarks/gpu_check.py`` SCHEMA_VERSION): its train_mfu FLOP/s over the table's
+    H200 peak (989.4 TFLOP/s) is the training MFU."""
+    doc = {"schema": 2, "dry_run": False, "started": "2026-12-02T05:00:00+00:00",
+           "sections": {"environment": {"status": "ok", "result": {"device": "NVIDIA H200"}},
+                        "train_mfu": {"status": "ok", "result": {"flops_per_s": 0.25 * 989.4e12}}}}
     path = tmp_path / "gpu_check.json"
     path.write_text(json.dumps(doc))
     table = hardware.load_table(str(path))
