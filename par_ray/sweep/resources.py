@@ -326,8 +326,7 @@ def print_plan(plan: Plan, train_storage: str, costs: SweepCost | None = None) -
     elif plan.search is None:
         print(f"preset {plan.preset}: {len(plan.trials)} trials (grid: recipes × tasks × backbones × seeds)")
     else:
-        first = {k: domain_ends(k, d)[0] for k, d in plan.search.space.items()}
-        shown = [(p, c) for p, c in plan.trials if all(p.get(k) == v for k, v in first.items())]
+        shown = _shown(plan)
         print(f"preset {plan.preset}: Optuna + ASHA on {plan.metric} ({plan.mode}), {plan.search.num_samples} trials "
               f"over {len(shown)} grid point(s); search space:")
         for k, d in plan.search.space.items():
