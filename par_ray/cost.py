@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 from par_ray.hardware import Table, load_table
 from par_ray.planner import ModelShape, model_shape
+from par_ray.schedules import iterations_at
 from par_ray.tracking_schema import cost_param
 
 if typing.TYPE_CHECKING:
@@ -160,7 +161,7 @@ def _schedule(task_cfg, rc: RecipeConfig) -> list[tuple[int, dict[int, float]]]:
                 pmf[min(1 + n, cap)] = pmf.get(min(1 + n, cap), 0.0) + p
             pmf[cap] = pmf.get(cap, 0.0) + max(0.0, 1.0 - sum(pmf.values()))
         else:
-            base = rc.fixed_iterations if rc.fixed_iterations > 0 else math.ceil(d / rc.ops_per_iteration)
+            base = iterations_at(d, rc.ops_per_iteration, rc.fixed_iterations)
             for extra in range(rc.extra_iterations + 1):
                 R = min(base + extra, cap)
                 pmf[R] = pmf.get(R, 0.0) + 1.0 / (rc.extra_iterations + 1)
@@ -224,7 +225,6 @@ def eval_flops(cfg: TrialConfig, rc: RecipeConfig, shape: ModelShape, world: int
     decoding), halting evaluation when ``rc.halting``, the per-iteration probe."""
     from par_ray.cot import trace_length
     from par_ray.evaluation import halt_max_iterations
-    from par_ray.schedules import iterations_at
 
     ev, c = cfg.eval, rc.ops_per_iteration
     conv = cfg.backbone.position_scheme == "conv"

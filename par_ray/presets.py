@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import typing
 
+from par_ray.accelerators import GPU_MEMORY_GB
 from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig
 
 LOCAL_BACKBONES = ("tiny-qwen2", "tiny-qwen3")
@@ -143,8 +144,8 @@ PAPER_GPU_TYPE = "H100"
 """The GPU type the paper preset plans for when no GPU types are given (80 GB); the trial then asks Ray for that type
 (``train.accelerator_type``), not for any GPU: a trial sized for 80 GB must not land on a 24 GB L4 or a 48 GB L40S
 of the same cluster. Another 80 GB type: ``--gpu-types A100-80G``."""
-PAPER_GPU_MEMORY_GB = 80.0
-"""Memory of :data:`PAPER_GPU_TYPE`, GB."""
+PAPER_GPU_MEMORY_GB = GPU_MEMORY_GB[PAPER_GPU_TYPE]
+"""Memory of :data:`PAPER_GPU_TYPE`, GB (``par_ray.accelerators.GPU_MEMORY_GB``)."""
 PAPER_HEADROOM = 0.9
 """Plan to 90 % of the card: the planner is within ~1 % of measurement on CPU, but unmeasured on GPU (allocator
 fragmentation, CUDA context, NCCL buffers)."""
@@ -166,7 +167,6 @@ def gpu_targets(gpu_types: typing.Sequence[str]) -> list[tuple[str, float, int |
     Raises ``ValueError`` naming ``--gpu-types`` and the known types for an unknown type, a malformed or
     non-positive cap, or a type named twice.
     """
-    from par_ray.accelerators import GPU_MEMORY_GB
 
     targets, errs = [], []
     for item in gpu_types:
