@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
-from par_ray import planner
+from par_ray import hardware, planner
 from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig
 from par_ray.evaluation import accuracy_by_depth, halting_by_depth
 from par_ray.halting import task_halt_tokens
@@ -66,11 +66,6 @@ from par_ray.train.strategies import World, prepare
 SCHEMA_VERSION = 2
 EXIT_NO_CUDA = 3
 """Exit status of a GPU run on a machine where ``torch.cuda.is_available()`` is false."""
-
-DATASHEET_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 70e12}
-"""Dense bf16 tensor-core peak per card (NVIDIA datasheets, SXM where there are several forms), FLOP/s; the first
-key found in the device name is used."""
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -277,7 +272,9 @@ def matmul_peak(plan: Plan) -> dict:
         _sync(device)
         best = max(best, reps * 2 * n**3 / (time.perf_counter() - t0))
     name = torch.cuda.get_device_name(0) if plan.gpu else ""
-    datasheet = next((v for k, v in DATASHEET_BF16_FLOPS.items() if k in name), None)
+    # the datasheet peak the cost model divides by (par_ray.hardware.DEVICES), for the card's Ray accelerator type
+    dev = hardware.DEVICES.get(hardware.ray_accelerator_type(name)) if name else None
+    datasheet = dev.peak_tflops * 1e12 if dev is not None and dev.peak_tflops is not None else None
     return {"dtype": str(dtype).removeprefix("torch."), "n": n, "peak_flops_per_s": best,
             "datasheet_bf16_flops_per_s": datasheet}
 
