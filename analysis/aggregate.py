@@ -26,6 +26,12 @@ and, labelled "interpolated" wherever shown (a par_ray addition that tells apart
                  G_interp = G
 
 The mean G of a configuration with any censored seed is itself a lower bound (``lower_bound``, shown as "≥").
+
+Stoppings (:data:`STOPPINGS`): the curve above is R = ⌈d/c⌉'s (``acc_d{D}``). A trial with a halting read-out
+(``recipe.halting``) also logged its accuracy when it stops itself (``halt_acc_d{D}``, the primary rule) and at the
+oracle best fixed R per depth (``best_acc_d{D}``); :func:`stopping_accuracy` and :func:`stopping_g` give the same
+statistics and the same d50 and G of each of those curves, and :func:`curve_stats` picks each configuration's
+extrapolation curve: its own halting where it has one.
 """
 
 from __future__ import annotations
@@ -42,6 +48,11 @@ from analysis.load import RULE_SCHEMA, TRIAL_KEYS, SweepFrames, signal_rank
 
 GROUP = list(TRIAL_KEYS)
 FINISHED = pl.col("status") == "FINISHED"
+CEIL, OWN_HALTING, BEST_R = "R = ⌈d/c⌉", "own halting", "best R"
+STOPPINGS = {CEIL: "acc", OWN_HALTING: "halt_acc", BEST_R: "best_acc"}
+"""Stopping (as displayed, in display order) → the ``acc`` frame column of its accuracy by depth: R = ⌈d/c⌉
+iterations (every trial), the model's own stopping (the primary halting rule on P(Yes) of the halting query) and the
+oracle best fixed R per depth over 1..R_max (``par_ray.evaluation.halting_by_depth``; both for halting trials)."""
 
 
 def with_config(frame: pl.DataFrame) -> pl.DataFrame:
@@ -66,6 +77,10 @@ class Summary:
     halting: pl.DataFrame
     """:func:`halting_gap`: per configuration, stopping signal, stopping rule and depth; empty when no halting metrics
     were logged."""
+    stopping_accuracy: pl.DataFrame
+    """:func:`stopping_accuracy`: per configuration with a halting read-out, stopping and depth; empty without."""
+    stopping_G: pl.DataFrame
+    """:func:`stopping_g`: per configuration with a halting read-out and stopping; empty without."""
     iterations: pl.DataFrame
     """:func:`iteration_stats`: per configuration and k; empty when no rms_k / halt_prob_k were logged."""
     excluded: pl.DataFrame
@@ -82,6 +97,8 @@ def summarize(frames: SweepFrames, *, n_boot: int = 1000, ci: float = 0.95, seed
         per_seed=per_seed,
         G=g_summary(per_seed, frames.trials),
         halting=halting_gap(frames.halting),
+        stopping_accuracy=stopping_accuracy(frames.acc, n_boot=n_boot, ci=ci, seed=seed),
+        stopping_G=stopping_g(frames.acc, frames.trials),
         iterations=iteration_stats(frames.by_iteration),
         excluded=excluded_trials(frames.trials),
         warnings=tuple(consistency_warnings(frames.trials)),
@@ -163,16 +180,19 @@ def _percentile_bounds(x_gn: np.ndarray, counts_bn: np.ndarray, q: np.ndarray) -
     return out
 
 
-def accuracy_stats(acc: pl.DataFrame, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> pl.DataFrame:
+def accuracy_stats(acc: pl.DataFrame, *, column: str = "acc", n_boot: int = 1000, ci: float = 0.95,
+                   seed: int = 0) -> pl.DataFrame:
     """Full-state accuracy over seeds per configuration and depth, FINISHED trials only.
 
-    Returns columns: GROUP, ``depth``, ``train_depth``, ``multiple`` (depth / d_train), ``chance``, ``n`` (seeds),
-    ``mean``, ``std`` (ddof = 1), ``ci_lo``, ``ci_hi`` (bootstrap, see :func:`bootstrap_ci`), ``min``, ``max``,
-    ``query_mean``, ``query_std`` (per-query accuracy), ``cot_tokens_mean``, ``cot_tokens_std`` (the ``cot``
-    baseline's mean generated tokens per sequence; null where not logged). Accuracies are fractions in [0, 1].
+    ``column``: the accuracy aggregated, ``acc`` (R = ⌈d/c⌉) or another stopping's (:data:`STOPPINGS`; then
+    ``query_*`` and ``cot_tokens_*`` are null: they were measured at R = ⌈d/c⌉ only). Returns columns: GROUP,
+    ``depth``, ``train_depth``, ``multiple`` (depth / d_train), ``chance``, ``n`` (seeds), ``mean``, ``std``
+    (ddof = 1), ``ci_lo``, ``ci_hi`` (bootstrap, see :func:`bootstrap_ci`), ``min``, ``max``, ``query_mean``,
+    ``query_std`` (per-query accuracy), ``cot_tokens_mean``, ``cot_tokens_std`` (the ``cot`` baseline's mean
+    generated tokens per sequence; null where not logged). Accuracies are fractions in [0, 1].
     """
     keys = [*GROUP, "depth"]
-    fin = with_config(acc).filter(FINISHED & pl.col("acc").is_not_null())
+    fin = _as_acc(with_config(acc), column).filter(FINISHED & pl.col("acc").is_not_null())
     if "cot_tokens" not in fin.columns:  # frames built by hand with only the accuracy kinds
         fin = fin.with_columns(pl.lit(None, pl.Float64).alias("cot_tokens"))
     stats = fin.group_by(keys).agg(
@@ -198,10 +218,21 @@ def accuracy_stats(acc: pl.DataFrame, *, n_boot: int = 1000, ci: float = 0.95, s
     )
 
 
-def extrapolation_per_seed(acc: pl.DataFrame) -> pl.DataFrame:
+def _as_acc(frame: pl.DataFrame, column: str) -> pl.DataFrame:
+    """``frame`` with ``column``'s values as ``acc`` (null where ``frame`` has no such column), and, for a column
+    other than ``acc``, null ``acc_query`` and ``cot_tokens`` (measured at R = ⌈d/c⌉ only)."""
+    if column == "acc":
+        return frame
+    value = pl.col(column) if column in frame.columns else pl.lit(None, pl.Float64)
+    return frame.with_columns(value.cast(pl.Float64).alias("acc"), pl.lit(None, pl.Float64).alias("acc_query"),
+                              pl.lit(None, pl.Float64).alias("cot_tokens"))
+
+
+def extrapolation_per_seed(acc: pl.DataFrame, column: str = "acc") -> pl.DataFrame:
     """d50 and G of every trial (all statuses; ``status`` kept), vectorised over runs.
 
-    Rows with a null ``acc`` (depth not logged) are ignored; a NaN accuracy counts as below the midpoint, as in
+    ``column``: the accuracy curve, ``acc`` (R = ⌈d/c⌉) or another stopping's (:data:`STOPPINGS`). Rows with a
+    null accuracy (depth not logged) are ignored; a NaN accuracy counts as below the midpoint, as in
     ``par_ray.evaluation.extrapolation``.
 
     Returns columns: run_id, status, GROUP, seed, train_depth, chance, ``midpoint`` ((chance + 1) / 2), ``n_depths``,
@@ -217,7 +248,7 @@ def extrapolation_per_seed(acc: pl.DataFrame) -> pl.DataFrame:
               .when(d_a.is_null() | acc_b.is_nan()).then(pl.col("d50").cast(pl.Float64))
               .otherwise(d_a + (acc_a - pl.col("midpoint")) / (acc_a - acc_b) * (pl.col("d50") - d_a)))
     return (
-        with_config(acc).filter(pl.col("acc").is_not_null())
+        _as_acc(with_config(acc), column).filter(pl.col("acc").is_not_null())
         .sort("run_id", "depth")
         .with_columns(pl.col("depth").shift(1).over("run_id").alias("_d_a"),
                       pl.col("acc").shift(1).over("run_id").alias("_acc_a"))
@@ -281,6 +312,70 @@ def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
                 "G_interp_std", "lower_bound", "n_excluded", "anchoring", "targets")
         .sort(GROUP, nulls_last=True)
     )
+
+
+def _halting_runs(acc: pl.DataFrame) -> pl.DataFrame:
+    """``run_id`` of every run (any status) that logged its own halting's accuracy (``halt_acc``) at some depth."""
+    if "halt_acc" not in acc.columns:
+        return pl.DataFrame(schema={"run_id": acc.schema["run_id"]})
+    return acc.filter(pl.col("halt_acc").is_not_null()).select("run_id").unique()
+
+
+def stopping_accuracy(acc: pl.DataFrame, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> pl.DataFrame:
+    """:func:`accuracy_stats` of every stopping (:data:`STOPPINGS`) over the trials with a halting read-out (those
+    that logged ``halt_acc``), FINISHED only: ``stopping`` + the columns of :func:`accuracy_stats`, one row per
+    configuration, stopping and depth (a stopping whose accuracy was not logged has no rows). Empty when no trial
+    logged halting metrics."""
+    halting = with_config(acc).join(_halting_runs(acc), on="run_id", how="semi")
+    parts = [accuracy_stats(halting, column=column, n_boot=n_boot, ci=ci, seed=seed)
+             .select(pl.lit(label, pl.String).alias("stopping"), pl.all())
+             for label, column in STOPPINGS.items()]
+    return _in_stopping_order(pl.concat(parts, how="vertical_relaxed"), [*GROUP, "stopping", "depth"])
+
+
+def stopping_g(acc: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
+    """G over seeds of every stopping (:data:`STOPPINGS`: R = ⌈d/c⌉, own halting, best R) per configuration with a
+    halting read-out: :func:`extrapolation_per_seed` of that stopping's curve, then :func:`g_summary`, both over the
+    trials that logged ``halt_acc`` (``n_excluded``: those of them not FINISHED). Returns ``stopping`` + the columns
+    of :func:`g_summary` (G_mean ± G_std, G_interp_mean ± G_interp_std, lower_bound, …), a configuration's stoppings
+    in :data:`STOPPINGS` order; a stopping no trial of the configuration logged has no row. Empty when no trial
+    logged halting metrics."""
+    runs = _halting_runs(acc)
+    halting_acc = with_config(acc).join(runs, on="run_id", how="semi")
+    halting_trials = with_config(trials).join(runs, on="run_id", how="semi")
+    parts = []
+    for label, column in STOPPINGS.items():
+        per_seed = extrapolation_per_seed(halting_acc, column)
+        g = g_summary(per_seed, halting_trials).join(per_seed.select(GROUP).unique(), on=GROUP, how="semi",
+                                                     nulls_equal=True)
+        parts.append(g.select(pl.lit(label, pl.String).alias("stopping"), pl.all()))
+    return _in_stopping_order(pl.concat(parts, how="vertical_relaxed"), [*GROUP, "stopping"])
+
+
+def curve_stats(accuracy: pl.DataFrame, stopping: pl.DataFrame) -> pl.DataFrame:
+    """The extrapolation curve of every configuration: its own halting's accuracy where it has one (rows of
+    ``stopping`` with stopping :data:`OWN_HALTING`), R = ⌈d/c⌉'s (``accuracy``) otherwise.
+
+    Args:
+        accuracy: :func:`accuracy_stats` (``Summary.accuracy``).
+        stopping: :func:`stopping_accuracy` (``Summary.stopping_accuracy``).
+    Returns:
+        ``stopping`` (which curve) + the columns of :func:`accuracy_stats`, sorted by GROUP and depth.
+    """
+    accuracy = with_config(accuracy)
+    own = (with_config(stopping).filter(pl.col("stopping") == OWN_HALTING) if "stopping" in stopping.columns
+           else pl.DataFrame(schema={"stopping": pl.String, **accuracy.schema}))
+    ceil = accuracy.join(own.select(GROUP).unique(), on=GROUP, how="anti", nulls_equal=True)
+    return (pl.concat([ceil.select(pl.lit(CEIL, pl.String).alias("stopping"), pl.all()), own.select("stopping",
+                                                                                                     *ceil.columns)],
+                      how="vertical_relaxed")
+            .sort([*GROUP, "depth"], nulls_last=True))
+
+
+def _in_stopping_order(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """``frame`` sorted by ``keys``, ``stopping`` in :data:`STOPPINGS` order."""
+    rank = pl.col("stopping").replace_strict({s: i for i, s in enumerate(STOPPINGS)}, return_dtype=pl.Int64)
+    return frame.sort([rank if k == "stopping" else pl.col(k) for k in keys], nulls_last=True)
 
 
 def halting_gap(halting: pl.DataFrame) -> pl.DataFrame:

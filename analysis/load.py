@@ -5,9 +5,10 @@ A sweep is one MLflow parent run (tag ``par_ray.role = "sweep"``); each trial is
 ``mlflow.parentRunId``, ``par_ray.role = "trial"``, ``par_ray.{trial_id,recipe,backbone,task,seed,git_commit}``,
 params = the flat trial config, final metrics ``acc_d{D}``, ``acc_query_d{D}``, ``chance``, optional
 ``halt_acc_d{D}``, ``oracle_acc_d{D}``, ``halt_iter_d{D}``, ``never_halted_d{D}``, ``halt_dR_mean_d{D}``,
-``halt_dR_std_d{D}`` (``par_ray.evaluation.halting_metrics``: the primary stopping rule, params ``eval.halt_k``,
-``eval.halt_n``, ``eval.halt_tau``), the same but ``oracle_acc`` for each extra rule of ``eval.halt_rules`` with the
-rule in the name, ``{kind}_d{D}_k{k}n{n}t{tau}`` (``halt_acc_d32_k4n8t0.3``), and, for trials trained with
+``halt_dR_std_d{D}``, ``best_acc_d{D}``, ``best_iter_d{D}`` (``par_ray.evaluation.halting_metrics``: the primary
+stopping rule, params ``eval.halt_k``, ``eval.halt_n``, ``eval.halt_tau``), the same but ``oracle_acc``,
+``best_acc`` and ``best_iter`` (which no rule changes) for each extra rule of ``eval.halt_rules`` with the rule in
+the name, ``{kind}_d{D}_k{k}n{n}t{tau}`` (``halt_acc_d32_k4n8t0.3``), and, for trials trained with
 ``recipe.dense_pending``, every one of those but ``oracle_acc`` again for the last operation's pending signal with
 ``_pending`` appended (``halt_acc_d32_pending``, ``halt_acc_d32_k4n8t0.3_pending``), ``cot_tokens_d{D}`` (the ``cot``
 baseline's mean generated tokens), ``rms_k{K}``, ``halt_prob_k{K}``). Trials are grouped by
@@ -21,8 +22,9 @@ Four frames come out (:class:`SweepFrames`):
   trials are kept and marked, aggregates filter on ``status`` later and count what they left out; ``error`` is a
   FAILED trial's reason (its run's ``par_ray.error`` tag: error class and message), null otherwise.
 - ``acc``: long, one row per (run, test depth): ``acc`` (full-state), ``acc_query``, the primary rule's halting
-  metrics ``halt_acc``, ``oracle_acc``, ``halt_iter``, ``never_halted``, ``halt_dR_mean``, ``halt_dR_std``, and
-  ``cot_tokens`` (null where not logged).
+  metrics ``halt_acc``, ``oracle_acc``, ``halt_iter``, ``never_halted``, ``halt_dR_mean``, ``halt_dR_std``,
+  ``cot_tokens``, and the oracle best fixed R's ``best_acc`` and ``best_iter`` (halting trials; null where not
+  logged).
 - ``halting``: long, one row per (run, stopping signal, stopping rule, test depth) of every run that logged halting
   metrics, the primary rule and each extra rule: the ``signal`` (:data:`SIGNALS`: ``query``, the paper's halting
   read-out; ``pending``, the last operation's pending read-out where logged), the rule (``rule`` =
@@ -58,9 +60,9 @@ _PARAMS = {  # frame column -> flat config key (par_ray.config.to_flat); only wh
     "halt_tau": "eval.halt_tau",
 }
 DEPTH_KINDS = ("acc", "acc_query", "halt_acc", "oracle_acc", "halt_iter", "never_halted", "halt_dR_mean",
-               "halt_dR_std", "cot_tokens")
+               "halt_dR_std", "cot_tokens", "best_acc", "best_iter")
 """Per (run, depth) columns of the ``acc`` frame: the schema's depth metrics (``par_ray.tracking_schema``) but
-``halt_gap`` (recomputed from halt_acc and oracle_acc where needed)."""
+``halt_gap`` (recomputed from halt_acc and oracle_acc where needed), ``acc_lo`` / ``acc_hi`` and ``best_R``."""
 ITER_KINDS = ("rms", "halt_prob")
 """Per (run, iteration) columns of the ``by_iteration`` frame."""
 HALT_KINDS = ("halt_acc", "oracle_acc", "halt_iter", "never_halted", "halt_dR_mean", "halt_dR_std")

@@ -19,7 +19,7 @@ import polars as pl
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from analysis.aggregate import Summary, with_config
+from analysis.aggregate import CEIL, Summary, curve_stats, with_config
 from analysis.tables import FIRST_RECIPES, config_label, display_rank
 
 FIGSIZE = (6.4, 4.8)
@@ -80,9 +80,17 @@ def file_stem(*parts: str) -> str:
     return "_".join(re.sub(r"[^A-Za-z0-9.-]+", "_", str(p)) for p in parts)
 
 
+def curve_label(series: str, stopping: str | None) -> str:
+    """Legend name of an accuracy curve: the series, followed by its stopping (``analysis.aggregate.STOPPINGS``)
+    unless that is R = ⌈d/c⌉ or unknown: ``"par_halt (own halting)"``, ``"par"``."""
+    return series if stopping in (None, CEIL) else f"{series} ({stopping})"
+
+
 def accuracy_by_depth(accuracy: pl.DataFrame, path: str | Path, *, task: str, backbone: str) -> Path:
     """Mean full-state accuracy vs test depth (log2 axis), one line per series, band = min–max over seeds, with the
-    chance and midpoint lines and the train depth marked. ``accuracy``: :func:`analysis.aggregate.accuracy_stats`."""
+    chance and midpoint lines and the train depth marked. ``accuracy``: :func:`analysis.aggregate.curve_stats` (a
+    series whose curve is its own halting's is labelled "(own halting)") or
+    :func:`analysis.aggregate.accuracy_stats` (R = ⌈d/c⌉ everywhere)."""
     rows = with_series(accuracy.filter((pl.col("task") == task) & (pl.col("backbone") == backbone))).sort("depth")
     fig, ax = _figure(f"{task} · {backbone}: accuracy vs test depth")
     colors = _colors(rows.get_column("series").to_list())
@@ -91,8 +99,9 @@ def accuracy_by_depth(accuracy: pl.DataFrame, path: str | Path, *, task: str, ba
         d = r.get_column("depth").to_numpy()
         ax.fill_between(d, r.get_column("min").to_numpy(), r.get_column("max").to_numpy(), color=colors[name],
                         alpha=0.18, linewidth=0)
+        stopping = r.get_column("stopping")[0] if "stopping" in r.columns else None
         ax.plot(d, r.get_column("mean").to_numpy(), marker="o", markersize=4, color=colors[name],
-                label=f"{name} (n={r.get_column('n').max()})")
+                label=f"{curve_label(name, stopping)} (n={r.get_column('n').max()})")
     chance = rows.get_column("chance").drop_nulls()
     if chance.len():
         c = float(chance[0])
@@ -209,12 +218,15 @@ def halting_probability(iterations: pl.DataFrame, path: str | Path, *, task: str
 
 def plot_all(summary: Summary, out_dir: str | Path) -> list[Path]:
     """Every figure the sweep's metrics support, as PNGs in ``out_dir``:
-    ``accuracy_<task>_<backbone>.png``, ``G_<task>.png``, ``rms_<task>.png``, ``halt_prob_<task>.png``."""
+    ``accuracy_<task>_<backbone>.png`` (each configuration's extrapolation curve: its own halting where it has a
+    halting read-out, :func:`analysis.aggregate.curve_stats`), ``G_<task>.png`` (R = ⌈d/c⌉), ``rms_<task>.png``,
+    ``halt_prob_<task>.png``."""
     out = Path(out_dir)
     paths: list[Path] = []
     pairs = summary.accuracy.select("task", "backbone").unique().drop_nulls()
+    curves = curve_stats(summary.accuracy, summary.stopping_accuracy)  # own halting where a configuration has it
     for task, backbone in ordered_pairs(pairs):
-        paths.append(accuracy_by_depth(summary.accuracy, out / f"{file_stem('accuracy', task, backbone)}.png",
+        paths.append(accuracy_by_depth(curves, out / f"{file_stem('accuracy', task, backbone)}.png",
                                        task=task, backbone=backbone))
     tasks = _in_order(summary.G.filter(pl.col("n") > 0).get_column("task").drop_nulls().to_list())
     for task in tasks:

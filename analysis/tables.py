@@ -5,7 +5,9 @@ Layouts (PAR paper, §5):
 - ``main_results``: rows recipe (the method or a baseline) × backbone, one column per test depth labelled with its
   multiple of the train length ("32 (4×)"; "4×" when the rows' train depths differ, e.g. tasks at their paper
   depths), then G and the interpolated G, then — when the ``cot`` baseline logged ``cot_tokens_d{D}`` — its CoT
-  cost: mean generated tokens per sequence at each test depth. A fine grid (more than :data:`MAX_DEPTH_COLUMNS`
+  cost: mean generated tokens per sequence at each test depth. A configuration with a halting read-out has a row
+  per stopping (``stopping``: R = ⌈d/c⌉, own halting, best R; ``analysis.aggregate.STOPPINGS``), so the halting
+  sweep's printed table shows the three G's. A fine grid (more than :data:`MAX_DEPTH_COLUMNS`
   test depths, ``par_ray.presets.fine_depths``) shows its d_train × 2^k depths only; every depth is in
   ``accuracy.csv``.
 - ``scale``: each backbone × recipe at 16× the train length (or, where 16× was not tested, the largest tested
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.aggregate import GROUP, Summary
+from analysis.aggregate import CEIL, GROUP, STOPPINGS, Summary
 from analysis.load import signal_rank
 
 MISSING = "–"
@@ -53,6 +55,11 @@ G_INTERP = "G (interpolated)"
 """Column of the interpolated G (d50 linearly interpolated between the test depths around the midpoint)."""
 G_NOTE = (f"{G_INTERP}: d50 linearly interpolated between the last test depth at or above the midpoint and the "
           "first below it, / d_train (G is the paper's first crossing on the tested grid).")
+STOPPING_NOTE = ("Stopping: R = ⌈d/c⌉ reads the answer after ⌈d/c⌉ iterations; own halting, where the model's "
+                 "halting read-out stops it (the primary rule eval.halt_k of eval.halt_n, τ eval.halt_tau, on P(Yes) "
+                 "of the halting query; every rule: the halting table); best R, after the one R per depth (of "
+                 "1…R_max) with the most test sequences right, an oracle that sees the answers. Each row's G is "
+                 "that row's curve's.")
 
 
 @dataclass(frozen=True)
@@ -129,16 +136,17 @@ def config_label(config: str | None) -> str:
     return ", ".join(short(p) for p in config.split(", ")) if config else ""
 
 
-def best_first(frame: pl.DataFrame, summary: Summary, by: list[str]) -> pl.DataFrame:
+def best_first(frame: pl.DataFrame, summary: Summary, by: list[str], then: tuple = ()) -> pl.DataFrame:
     """``frame`` (GROUP columns) in display order of ``by``, configurations of one ``by`` group best first: highest
-    mean G, then highest mean accuracy at the longest test depth (see the module docstring), then by label."""
+    mean G, then highest mean accuracy at the longest test depth (see the module docstring), then by label, then by
+    ``then`` (column names or expressions, e.g. the rows of one configuration)."""
     g = summary.G.select(*GROUP, (-pl.col("G_mean")).alias("_neg_G"))
     acc = summary.accuracy
     longest = (acc.sort("depth").group_by(GROUP, maintain_order=True).last()
                .select(*GROUP, (-pl.col("mean")).alias("_neg_acc")))
     ranked = (frame.join(g, on=GROUP, how="left", nulls_equal=True)
               .join(longest, on=GROUP, how="left", nulls_equal=True))
-    return ordered(ranked, by, then=("_neg_G", "_neg_acc", "config")).drop("_neg_G", "_neg_acc")
+    return ordered(ranked, by, then=("_neg_G", "_neg_acc", "config", *then)).drop("_neg_G", "_neg_acc")
 
 
 def _label_columns(frame: pl.DataFrame, labels: list[str]) -> list[str]:
@@ -164,14 +172,30 @@ def _exclusion_note(summary: Summary) -> tuple[str, ...]:
     return (f"Excluded from the aggregates (kept in trials.csv): {parts} trial(s).",)
 
 
-def _g_cells(g: pl.DataFrame) -> pl.DataFrame:
-    """GROUP + ``G`` and :data:`G_INTERP` cell strings."""
+def _g_cells(g: pl.DataFrame, keys: list[str] = GROUP) -> pl.DataFrame:
+    """``keys`` + ``G`` and :data:`G_INTERP` cell strings."""
     def g_cell(mean: str, std: str) -> pl.Expr:
         return pl.struct(mean, std, "n", "lower_bound").map_elements(
             lambda r: cell(r[mean], r[std], r["n"], digits=2, lower_bound=r["lower_bound"]), return_dtype=pl.String)
 
-    return g.select(*GROUP, g_cell("G_mean", "G_std").alias("G"),
+    return g.select(*keys, g_cell("G_mean", "G_std").alias("G"),
                     g_cell("G_interp_mean", "G_interp_std").alias(G_INTERP))
+
+
+def _with_stoppings(ceil: pl.DataFrame, stopping: pl.DataFrame) -> pl.DataFrame:
+    """``ceil`` (a frame of R = ⌈d/c⌉: ``Summary.accuracy`` or ``Summary.G``) with ``stopping`` = :data:`CEIL`, and
+    below it the other stoppings' rows of ``stopping`` (``Summary.stopping_accuracy`` / ``Summary.stopping_G``,
+    whose R = ⌈d/c⌉ rows ``ceil`` has already), in ``ceil``'s columns."""
+    ceil = ceil.with_columns(pl.lit(CEIL, pl.String).alias("stopping"))
+    if stopping.is_empty():
+        return ceil
+    others = stopping.filter(pl.col("stopping") != CEIL).select(ceil.columns)
+    return pl.concat([ceil, others], how="vertical_relaxed")
+
+
+def _stopping_rank() -> pl.Expr:
+    """Sort key of the ``stopping`` column: :data:`STOPPINGS` order."""
+    return pl.col("stopping").replace_strict({s: i for i, s in enumerate(STOPPINGS)}, return_dtype=pl.Int64)
 
 
 def _acc_cell_expr(prefix: str = "", scale: float = 100.0) -> pl.Expr:
@@ -186,9 +210,14 @@ def _acc_cell_expr(prefix: str = "", scale: float = 100.0) -> pl.Expr:
 
 def main_results(summary: Summary) -> Table:
     """Rows recipe × backbone (× task when several), columns test depths "d (m×)" — or multiples "m×" when the rows'
-    train depths differ — then G, then the CoT cost when logged (:data:`COT_COLUMN`); cells in %."""
-    acc = summary.accuracy
-    g = summary.G
+    train depths differ — then G, then the CoT cost when logged (:data:`COT_COLUMN`); cells in %.
+
+    A configuration with a halting read-out gets one row per stopping (``analysis.aggregate.STOPPINGS``): R = ⌈d/c⌉,
+    its own halting and the oracle best fixed R per depth, each with that curve's accuracies and G; a ``stopping``
+    column (after the labels) says which, and only shows when some configuration has more than R = ⌈d/c⌉."""
+    acc = _with_stoppings(summary.accuracy, summary.stopping_accuracy)
+    g = _with_stoppings(summary.G, summary.stopping_G)
+    keys = [*GROUP, "stopping"]
     d_train = acc.get_column("train_depth").unique().drop_nulls()
     one_train = d_train.len() <= 1
     if one_train:
@@ -206,26 +235,30 @@ def main_results(summary: Summary) -> Table:
         labels = {m: f"{m:g}×" for m in multiples}
         column = pl.col("multiple")
     cells = acc.filter(column.is_in(list(labels))).select(
-        *GROUP,
+        *keys,
         column.replace_strict(labels, return_dtype=pl.String).alias("label"),
         _acc_cell_expr().alias("cell"),
     )
     wide = (
-        cells.pivot(on="label", on_columns=list(labels.values()), index=GROUP, values="cell")
-        if not cells.is_empty() else pl.DataFrame(schema={c: pl.String for c in GROUP})
+        cells.pivot(on="label", on_columns=list(labels.values()), index=keys, values="cell")
+        if not cells.is_empty() else pl.DataFrame(schema={c: pl.String for c in keys})
     )
-    wide = _g_cells(g).join(wide, on=GROUP, how="left", nulls_equal=True)
-    cot = _cot_cells(acc)
-    if cot is not None:
-        wide = wide.join(cot, on=GROUP, how="left", nulls_equal=True)
-    wide = best_first(wide, summary, ["task", "recipe", "backbone"])
-    label_cols = _label_columns(wide, ["task", "recipe", "backbone", "config"])
+    wide = _g_cells(g, keys).join(wide, on=keys, how="left", nulls_equal=True)
+    cot = _cot_cells(summary.accuracy)
+    if cot is not None:  # measured at R = ⌈d/c⌉ (the cot baseline has no other stopping)
+        wide = wide.join(cot.with_columns(pl.lit(CEIL, pl.String).alias("stopping")), on=keys, how="left",
+                         nulls_equal=True)
+    wide = best_first(wide, summary, ["task", "recipe", "backbone"], then=(_stopping_rank(),))
+    stoppings = (wide.get_column("stopping") != CEIL).any()
+    label_cols = _label_columns(wide, ["task", "recipe", "backbone", "config"]) + (["stopping"] if stoppings else [])
     value_cols = [lbl for lbl in labels.values() if lbl in wide.columns]
     extra = [COT_COLUMN] if cot is not None else []
     frame = (_show_config(wide).select(*label_cols, *value_cols, "G", G_INTERP, *extra)
              .with_columns(pl.col(value_cols + extra).fill_null(MISSING)))
     notes = ["Full-state accuracy (%) at each test depth; G = d50 / d_train; mean ± std over seeds (ddof = 1), "
              "(n) seeds; ≥: some seed never fell below the midpoint, so G is a lower bound.", G_NOTE]
+    if stoppings:
+        notes.append(STOPPING_NOTE)
     if fine:
         notes.append("Fine grid: the columns are the test depths at d_train × 2^k; d50 and G use every tested depth "
                      "(accuracy at each: accuracy.csv).")
@@ -427,7 +460,7 @@ def to_latex(table: Table) -> str:
 
 def _n_labels(table: Table) -> int:
     """Leading label (left-aligned) columns: the key columns before the first value column."""
-    keys = {"task", "backbone", "recipe", "config", "anchoring", "targets", "rule", "test depth"}
+    keys = {"task", "backbone", "recipe", "config", "anchoring", "targets", "stopping", "rule", "test depth"}
     n = 0
     for c in table.frame.columns:
         if c not in keys:

@@ -31,7 +31,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import torch
 
 from par_ray.schedules import iterations_at
-from par_ray.tracking_schema import depth_metric, iteration_metric
+from par_ray.tracking_schema import depth_metric, g_metric, iteration_metric
 
 
 @dataclass(frozen=True)
@@ -422,8 +422,14 @@ def halting_by_depth(
         halt: ``par_ray.halting.HaltTokens`` of the trial.
         pending_id: token id of the dense "pending" class (``par_ray.trial.VocabLayout.pending_id``), or ``None``
             (no pending signal: results and forward calls as without the argument).
+    The same pass also gives the *oracle best fixed R* per depth: the R in 1..R_max at which the most test sequences
+    are fully right (ties: the smallest R), counted over the whole test set (every rank's counts are summed before
+    the max), an oracle that picks one R per depth with the test answers (as ``eval.best_r`` does among a few
+    multiples of ⌈d/c⌉, here among every iteration run).
+
     Returns:
-        ``{d: {"halt_acc", "oracle_acc": full-state accuracy (fractions), "halt_iter": mean chosen R,
+        ``{d: {"halt_acc", "oracle_acc", "best_acc": full-state accuracy (fractions) under the rule, at R* = ⌈d/c⌉
+        and at the best fixed R, "best_iter": that R (int), "halt_iter": mean chosen R,
         "dR_mean", "dR_std": mean and population std over sequences of R − R*, "never_halted": fraction,
         "p_yes_k": [mean P(Yes) after iteration 1..R_max], "rules": {(k, n, tau): {"halt_acc", "halt_iter",
         "dR_mean", "dR_std", "never_halted"}} for each extra rule of eval.halt_rules (empty without)}}``; the
@@ -462,23 +468,46 @@ def halting_by_depth(
         counts_SX7[0] += _rule_counts(right_RB, p_RB, rules, R_star)
         if pending_id is not None:
             counts_SX7[1] += _rule_counts(right_RB, kept_R3B[:, 2], rules, R_star)
-        return counts_SX7, p_RB.double().sum(1)
+        # per iteration: Σ P(Yes) and sequences right, in one tensor (one all-reduce for both)
+        return counts_SX7, torch.stack([p_RB.double().sum(1), right_RB.double().sum(1)])
 
     results: dict[int, dict] = {}
     summed = sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum,
                              prepare=lambda ep: with_halt_query(ep, halt.query), progress=progress)
-    for depth, (counts_SX7, p_sum_R) in summed.items():
+    for depth, (counts_SX7, sums_2R) in summed.items():
         n = counts_SX7[0, 0, 6].clamp_min(1)
         per_rule = [_rule_stats(c, n) for c in counts_SX7[0]]
+        best_iter, best_right = best_iteration(sums_2R[1])
         results[depth] = {
             **per_rule[0],
             "oracle_acc": (counts_SX7[0, 0, 1] / n).item(),
-            "p_yes_k": (p_sum_R / n).tolist(),
+            "best_acc": best_right / n.item(),
+            "best_iter": best_iter,
+            "p_yes_k": (sums_2R[0] / n).tolist(),
             "rules": dict(zip(rules[1:], per_rule[1:])),
         }
         if pending_id is not None:
             results[depth]["pending"] = dict(zip(rules, (_rule_stats(c, n) for c in counts_SX7[1])))
     return results
+
+
+def best_iteration(right_R: torch.Tensor) -> tuple[int, float]:
+    """The oracle best fixed R of one test depth: the iteration with the most sequences right.
+
+    Args:
+        right_R: (R_max,) sequences (of the whole test set: summed over chunks and ranks *before* this call, since
+            the max of per-rank counts is not the max of their sum) whose full answer is right after iteration
+            1..R_max (row r = iteration r + 1).
+    Returns:
+        ``(R, right)``: the 1-based iteration (ties: the smallest R) and its count (a float, e.g. 231.0).
+    Raises:
+        ValueError: ``right_R`` is not a non-empty vector.
+    """
+    if right_R.ndim != 1 or right_R.numel() < 1:
+        raise ValueError(f"right_R: must be (R_max >= 1,), got shape {tuple(right_R.shape)}")
+    right = right_R.tolist()
+    r = max(range(len(right)), key=lambda i: (right[i], -i))  # the most right, then the smallest R
+    return r + 1, float(right[r])
 
 
 def _rule_counts(right_RB: torch.Tensor, p_RB: torch.Tensor, rules: Sequence[tuple[int, int, float]],
@@ -511,8 +540,9 @@ def halting_metrics(results: Mapping[int, Mapping], ops_per_iteration: int) -> d
     """Flat metric names of :func:`halting_by_depth`'s results, the names ``analysis`` reads
     (``par_ray.tracking_schema.depth_metric`` / ``iteration_metric`` build them).
 
-    Per test depth D, for the primary rule (eval.halt_k, eval.halt_n, eval.halt_tau): ``halt_acc_d{D}``,
-    ``oracle_acc_d{D}`` (fractions), ``halt_gap_d{D}`` (oracle − halting, in accuracy points), ``halt_iter_d{D}``
+    Per test depth D: ``oracle_acc_d{D}`` (R = ⌈d/c⌉), ``best_acc_d{D}`` (the oracle best fixed R, a fraction) and
+    ``best_iter_d{D}`` (that R); for the primary rule (eval.halt_k, eval.halt_n, eval.halt_tau): ``halt_acc_d{D}``
+    (a fraction), ``halt_gap_d{D}`` (oracle − halting, in accuracy points), ``halt_iter_d{D}``
     (mean chosen R), ``halt_dR_mean_d{D}``, ``halt_dR_std_d{D}`` (R − ⌈d/c⌉), ``never_halted_d{D}`` (fraction).
     For each extra rule (k, n, τ) of ``eval.halt_rules``: the same names but ``oracle_acc`` (which no rule changes),
     each followed by ``_`` and ``par_ray.tracking_schema.rule_suffix``, e.g. ``halt_acc_d32_k4n8t0.3``,
@@ -530,6 +560,9 @@ def halting_metrics(results: Mapping[int, Mapping], ops_per_iteration: int) -> d
     out: dict[str, float] = {}
     for d, v in results.items():
         out[depth_metric("oracle_acc", d)] = v["oracle_acc"]
+        if "best_acc" in v:
+            out[depth_metric("best_acc", d)] = v["best_acc"]
+            out[depth_metric("best_iter", d)] = float(v["best_iter"])
         extra = v.get("rules", {})
         signals = [(False, [(None, v), *extra.items()])]
         if "pending" in v:
@@ -551,4 +584,45 @@ def halting_metrics(results: Mapping[int, Mapping], ops_per_iteration: int) -> d
         first = min(results)
         curve = results[first]["p_yes_k"][: 2 * math.ceil(first / ops_per_iteration)]
         out.update({iteration_metric("halt_prob", k): p for k, p in enumerate(curve, start=1)})
+    return out
+
+
+def stopping_extrapolation(results: Mapping[int, Mapping], chance: float, train_depth: int
+                           ) -> dict[str, Extrapolation]:
+    """d50 and G (:func:`extrapolation`) of every stopping :func:`halting_by_depth` measured, beside the
+    R = ⌈d/c⌉ curve of :func:`accuracy_by_depth` (which gives ``G`` itself):
+
+    - ``"halt"``: the model's own stopping, the primary rule (``eval.halt_k/n/tau``) on P(Yes) of the halting query
+      (``halt_acc`` at every depth);
+    - ``"best"``: the oracle best fixed R per depth (``best_acc``);
+    - ``"halt_pending"``: the primary rule on the pending signal, when the results have it (``recipe.dense_pending``).
+
+    Args:
+        results: :func:`halting_by_depth`'s ``{d: {...}}``.
+        chance, train_depth: as in :func:`extrapolation`.
+    Returns:
+        ``{stopping: Extrapolation}`` (``par_ray.tracking_schema.STOPPINGS`` names), empty for empty results.
+    Raises:
+        ValueError: as :func:`extrapolation`.
+    """
+    if not results:
+        return {}
+    curves = {"halt": {d: v["halt_acc"] for d, v in results.items()},
+              "best": {d: v["best_acc"] for d, v in results.items()}}
+    if all("pending" in v for v in results.values()):
+        # halting_by_depth lists the primary rule first
+        curves["halt_pending"] = {d: next(iter(v["pending"].values()))["halt_acc"] for d, v in results.items()}
+    return {s: extrapolation(c, chance, train_depth) for s, c in curves.items()}
+
+
+def extrapolation_metrics(ex: Extrapolation, stopping: str = "ceil") -> dict[str, float]:
+    """The MLflow metrics of one curve's d50 and G (names: ``par_ray.tracking_schema.g_metric``): G, G_censored
+    (1.0 when censored, else 0.0), G_interp (floats; G and G_interp are lower bounds when censored), and d50,
+    d50_interp (test depths) unless censored. ``stopping`` ``"ceil"`` (R = ⌈d/c⌉) gives the names ``G``, ``d50``, …;
+    ``"halt"`` gives ``G_halt``, ``d50_halt``, …"""
+    out = {g_metric("G", stopping): ex.G, g_metric("G_censored", stopping): float(ex.censored),
+           g_metric("G_interp", stopping): ex.G_interp}
+    if ex.d50 is not None:
+        out[g_metric("d50", stopping)] = float(ex.d50)
+        out[g_metric("d50_interp", stopping)] = ex.d50_interp
     return out

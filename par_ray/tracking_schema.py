@@ -10,7 +10,8 @@
 - metrics: the loop's reports at ``step=`` the optimizer step (keys in :data:`METRIC_RENAMES` renamed); per test
   depth D ``{kind}_d{D}`` (:func:`depth_metric`), with a stopping rule's suffix ``_k{k}n{n}t{tau}``
   (:func:`rule_suffix`) and/or the pending signal's ``_pending``; per iteration k ``{kind}_k{k}``
-  (:func:`iteration_metric`); the final curve :data:`CURVE_BY_DEPTH` / :data:`CURVE_BY_MULTIPLE`;
+  (:func:`iteration_metric`); d50 and G of each stopping (:func:`g_metric`: ``G``, ``G_interp``, ``G_halt``,
+  ``G_best``, …); the final curve :data:`CURVE_BY_DEPTH` / :data:`CURVE_BY_MULTIPLE`;
 - artifacts :data:`ARTIFACTS`; a FAILED trial run also has :data:`TAG_ERROR` and :data:`ARTIFACT_ERROR`;
 - cost (issue "what a sweep costs"): the plan as child-run params ``cost.<field>`` (:func:`cost_param`, fields
   :data:`COST_FIELDS`, ``par_ray.cost.TrialCost.params``), what the trial used as metrics :data:`GPU_SECONDS_TRAIN`,
@@ -77,12 +78,13 @@ ARTIFACT_ACCURACY_PNG = "accuracy_by_depth.png"
 ARTIFACTS = (ARTIFACT_ACCURACY_JSON, ARTIFACT_ACCURACY_CSV, ARTIFACT_ACCURACY_PNG, ARTIFACT_CONFIG)
 """A trial run's artifacts (the accuracy files only when the trial was evaluated)."""
 
-DEPTH_KINDS = ("acc", "acc_query", "acc_lo", "acc_hi", "cot_tokens", "best_R", "oracle_acc", "halt_acc", "halt_gap",
-               "halt_iter", "never_halted", "halt_dR_mean", "halt_dR_std")
+DEPTH_KINDS = ("acc", "acc_query", "acc_lo", "acc_hi", "cot_tokens", "best_R", "oracle_acc", "best_acc", "best_iter",
+               "halt_acc", "halt_gap", "halt_iter", "never_halted", "halt_dR_mean", "halt_dR_std")
 """Metrics logged per test depth D as ``{kind}_d{D}``: full-state and per-query accuracy, the 95 % Wilson interval of
 the full-state accuracy over the depth's test sequences (``par_ray.evaluation.wilson_interval``), the CoT baseline's
 mean generated tokens, the best R of ``eval.best_r`` (the RLT row), and halting
-(``par_ray.evaluation.halting_metrics``)."""
+(``par_ray.evaluation.halting_metrics``): accuracy at R = ⌈d/c⌉ (``oracle_acc``), at the oracle best fixed R over
+1..R_max (``best_acc``, a fraction) and that R (``best_iter``), and the stopping rule's metrics (:data:`RULE_KINDS`)."""
 RULE_KINDS = ("halt_acc", "halt_gap", "halt_iter", "never_halted", "halt_dR_mean", "halt_dR_std")
 """Depth metrics that depend on the stopping rule and signal (oracle stopping does not): logged again per extra rule
 and for the pending signal."""
@@ -90,6 +92,31 @@ ITERATION_KINDS = ("loss", "rms", "halt_prob")
 """Metrics logged per iteration k as ``{kind}_k{k}``: the probe's loss and state RMS, the mean P(Yes)."""
 PENDING_SUFFIX = "_pending"
 """Appended to a rule metric of the pending stopping signal (``recipe.dense_pending``)."""
+
+STOPPINGS = ("ceil", "halt", "best", "halt_pending")
+"""The stoppings whose d50 and G are logged (:func:`g_metric`): ``ceil``, R = ⌈d/c⌉ (the ``acc_d{D}`` curve: ``G``,
+``d50``, …; every evaluated trial); for trials with a halting read-out (``recipe.halting``,
+``par_ray.evaluation.stopping_extrapolation``): ``halt``, the model's own stopping (the primary rule on the halting
+query, ``halt_acc_d{D}``), ``best``, the oracle best fixed R per depth (``best_acc_d{D}``), and ``halt_pending``, the
+primary rule on the pending signal (``halt_acc_d{D}_pending``; ``recipe.dense_pending`` only)."""
+G_KINDS = ("G", "G_censored", "G_interp", "d50", "d50_interp")
+"""Trial metrics of one curve's extrapolation (``par_ray.evaluation.extrapolation_metrics``): G (= d50 / d_train, a
+lower bound when censored), G_censored (1.0 when accuracy never fell below the midpoint), the interpolated G, d50 and
+the interpolated d50 (test depths; not logged when censored)."""
+
+
+def g_metric(kind: str = "G", stopping: str = "ceil") -> str:
+    """The name of extrapolation metric ``kind`` (:data:`G_KINDS`) of ``stopping`` (:data:`STOPPINGS`): ``G``,
+    ``G_interp``, ``d50`` for ``ceil``; the stopping after ``G`` / ``d50`` otherwise: ``G_halt``,
+    ``G_halt_interp``, ``G_best_censored``, ``d50_best``, ``G_halt_pending``. ValueError naming the allowed
+    values for any other kind or stopping."""
+    if kind not in G_KINDS:
+        raise ValueError(f"extrapolation metric kind {kind!r} is not one of {G_KINDS}")
+    if stopping not in STOPPINGS:
+        raise ValueError(f"stopping {stopping!r} is not one of {STOPPINGS}")
+    base, _, part = kind.partition("_")
+    return base + ("" if stopping == "ceil" else f"_{stopping}") + (f"_{part}" if part else "")
+
 
 COST_PARAM_PREFIX = "cost."
 COST_FIELDS = ("planned_flops", "planned_train_flops", "planned_eval_flops", "device", "devices", "planned_gpu_hours",

@@ -2,8 +2,9 @@
 
 The store holds one sweep of swap_s5 (chance 1/120, midpoint 121/240 ≈ 0.50417, d_train 8, test depths 8–64):
 2 recipes × 2 backbones with 3 or 2 seeds, one seed that never crosses the midpoint (censored G), a FAILED and a
-RUNNING trial (kept in ``trials``, excluded from aggregates), a one-seed ``no_anchor`` ablation, halting metrics and
-per-iteration RMS / halting probability on par × tiny-qwen2. Every expected number below is computed by hand;
+RUNNING trial (kept in ``trials``, excluded from aggregates), a one-seed ``no_anchor`` ablation, halting metrics
+(own halting 0.1 below R = ⌈d/c⌉ past d_train, the best fixed R 0.2 above it, capped at 1) and per-iteration RMS /
+halting probability on par × tiny-qwen2. Every expected number below is computed by hand;
 std is the sample std (ddof = 1).
 """
 
@@ -70,6 +71,8 @@ def _log_store(uri: str, artifact_root: Path) -> tuple[str, str]:
                 metrics[f"oracle_acc_d{d}"] = a
                 metrics[f"halt_acc_d{d}"] = a if d == 8 else a - 0.1
                 metrics[f"halt_iter_d{d}"] = d + seed
+                metrics[f"best_acc_d{d}"] = min(1.0, a + 0.2)  # the oracle best fixed R
+                metrics[f"best_iter_d{d}"] = d + 1
             for k in range(1, R + 1):
                 metrics[f"rms_k{k}"] = 1.0 + 0.1 * k * seed
                 metrics[f"halt_prob_k{k}"] = k / R
@@ -231,6 +234,81 @@ def test_halting_gap_by_hand(summary):
     assert r["halt_iter_mean"] == pytest.approx(33.0)
 
 
+def test_G_per_stopping_by_hand(summary, frames):
+    """Halting trials: G of R = ⌈d/c⌉, of the model's own halting and of the best fixed R per depth, each as
+    ``par_ray.evaluation.extrapolation`` gives it on that curve, then mean ± std over seeds."""
+    from par_ray.evaluation import extrapolation
+
+    g = summary.stopping_G
+    assert set(g.select("recipe", "backbone").unique().iter_rows()) == {("par", "tiny-qwen2")}
+    assert g.get_column("stopping").to_list() == [aggregate.CEIL, aggregate.OWN_HALTING, aggregate.BEST_R]
+    seeds = [accs for recipe, backbone, _, status, accs, _, _ in TRIALS
+             if (recipe, backbone, status) == ("par", "tiny-qwen2", "FINISHED")]
+    curves = {aggregate.CEIL: lambda d, a: a, aggregate.OWN_HALTING: lambda d, a: a if d == 8 else a - 0.1,
+              aggregate.BEST_R: lambda d, a: min(1.0, a + 0.2)}
+    for stopping, curve in curves.items():
+        ex = [extrapolation({d: curve(d, a) for d, a in zip(DEPTHS, accs)}, CHANCE, 8) for accs in seeds]
+        r = _row(g, stopping=stopping)
+        m, sd = _mean_std([e.G for e in ex])
+        mi, sdi = _mean_std([e.G_interp for e in ex])
+        assert (r["n"], r["n_censored"], r["lower_bound"]) == (3, sum(e.censored for e in ex),
+                                                              any(e.censored for e in ex)), stopping
+        assert (r["G_mean"], r["G_std"]) == (pytest.approx(m), pytest.approx(sd, abs=1e-12)), stopping
+        assert (r["G_interp_mean"], r["G_interp_std"]) == (pytest.approx(mi), pytest.approx(sdi, abs=1e-12))
+    # by hand: own halting crosses at 64, 32, 32 (G 8, 4, 4); the best R never crosses on seed 0 (≥ 8), 64 on the others
+    assert _row(g, stopping=aggregate.OWN_HALTING)["G_mean"] == pytest.approx(16 / 3)
+    assert (_row(g, stopping=aggregate.BEST_R)["G_mean"], _row(g, stopping=aggregate.BEST_R)["lower_bound"]) == \
+        (8.0, True)
+    ceil = _row(summary.G, recipe="par", backbone="tiny-qwen2")
+    assert _row(g, stopping=aggregate.CEIL)["G_mean"] == ceil["G_mean"]  # the same trials, the same curve
+    a = summary.stopping_accuracy
+    assert _row(a, stopping=aggregate.OWN_HALTING, depth=32)["mean"] == pytest.approx(0.5666666667 - 0.1)
+    assert _row(a, stopping=aggregate.BEST_R, depth=64)["mean"] == pytest.approx(0.5333333333)
+    assert _row(a, stopping=aggregate.OWN_HALTING, depth=32)["query_mean"] is None  # measured at R = ⌈d/c⌉ only
+    # runs that predate best_acc_d{D}: no best-R row, the rest unchanged
+    old = aggregate.stopping_g(frames.acc.drop("best_acc", "best_iter"), frames.trials)
+    assert old.get_column("stopping").to_list() == [aggregate.CEIL, aggregate.OWN_HALTING]
+    assert old.drop("stopping").equals(g.filter(pl.col("stopping") != aggregate.BEST_R).drop("stopping"))
+    # no halting trial: empty
+    plain = frames.acc.with_columns(pl.lit(None, pl.Float64).alias("halt_acc"))
+    assert aggregate.stopping_g(plain, frames.trials).is_empty()
+    assert aggregate.stopping_accuracy(plain, n_boot=10).is_empty()
+
+
+def test_main_table_has_a_row_per_stopping_for_halting_trials(summary):
+    t = tables.main_results(summary)
+    rows = t.frame.filter(recipe="par", backbone="tiny-qwen2")
+    assert rows.get_column("stopping").to_list() == ["R = ⌈d/c⌉", "own halting", "best R"]
+    own, best = rows.row(1, named=True), rows.row(2, named=True)
+    assert (own["32 (4×)"], own["G"]) == ("46.7 ± 15.3 (3)", "5.33 ± 2.31 (3)")
+    assert (best["64 (8×)"], best["G"]) == ("53.3 ± 25.2 (3)", "≥ 8.00 ± 0.00 (3)")
+    assert set(t.frame.filter(pl.col("recipe") != "par").get_column("stopping")) == {"R = ⌈d/c⌉"}
+    assert any(n.startswith("Stopping:") for n in t.notes) and tables._n_labels(t) == 3
+    # without halting trials the table is as before: no stopping column, no note
+    plain = dataclasses.replace(summary, stopping_accuracy=summary.stopping_accuracy.clear(),
+                                stopping_G=summary.stopping_G.clear())
+    p = tables.main_results(plain)
+    assert "stopping" not in p.frame.columns and p.frame.height == 5
+    assert not any(n.startswith("Stopping:") for n in p.notes)
+
+
+def test_the_curve_is_own_halting_where_a_configuration_has_it(summary):
+    curves = aggregate.curve_stats(summary.accuracy, summary.stopping_accuracy)
+    assert curves.height == summary.accuracy.height  # one curve per configuration
+    halting = curves.filter(recipe="par", backbone="tiny-qwen2")
+    assert set(halting.get_column("stopping")) == {aggregate.OWN_HALTING}
+    assert halting.get_column("mean").to_list() == pytest.approx([1.0, 0.7, 0.4666666667, 0.2333333333])
+    rest = curves.filter((pl.col("recipe") != "par") | (pl.col("backbone") != "tiny-qwen2"))
+    assert set(rest.get_column("stopping")) == {aggregate.CEIL}
+    assert rest.drop("stopping").sort("recipe", "backbone", "depth").equals(
+        summary.accuracy.join(rest.select(aggregate.GROUP).unique(), on=aggregate.GROUP, how="semi",
+                              nulls_equal=True).sort("recipe", "backbone", "depth"))
+    none = aggregate.curve_stats(summary.accuracy, summary.stopping_accuracy.clear())
+    assert set(none.get_column("stopping")) == {aggregate.CEIL} and none.height == summary.accuracy.height
+    assert plots.curve_label("par", aggregate.OWN_HALTING) == "par (own halting)"
+    assert plots.curve_label("par", aggregate.CEIL) == plots.curve_label("par", None) == "par"
+
+
 def test_iteration_stats(summary):
     it = summary.iterations
     r = _row(it, k=2)
@@ -252,7 +330,7 @@ def test_all_failed_configuration_keeps_a_row(frames):
     g = aggregate.g_summary(aggregate.extrapolation_per_seed(f.acc), f.trials)
     r = _row(g, recipe="no_anchor")
     assert (r["n"], r["n_excluded"], r["G_mean"]) == (0, 1, None)
-    assert "no_anchor | tiny-qwen2 | – | – | – | – | –" in tables.to_markdown(
+    assert "no_anchor | tiny-qwen2 | R = ⌈d/c⌉ | – | – | – | – | –" in tables.to_markdown(
         tables.main_results(aggregate.summarize(f, n_boot=10)))
 
 
@@ -262,10 +340,10 @@ def test_all_failed_configuration_keeps_a_row(frames):
 
 def test_main_table_cells(summary):
     t = tables.main_results(summary)
-    assert t.frame.columns == ["recipe", "backbone", "8 (1×)", "16 (2×)", "32 (4×)", "64 (8×)", "G",
+    assert t.frame.columns == ["recipe", "backbone", "stopping", "8 (1×)", "16 (2×)", "32 (4×)", "64 (8×)", "G",
                                tables.G_INTERP]
-    assert t.frame.get_column("recipe").to_list()[:2] == ["par", "par"]  # the method first
-    r = _row(t.frame, recipe="par", backbone="tiny-qwen2")
+    assert t.frame.get_column("recipe").to_list()[:4] == ["par"] * 4  # the method first
+    r = _row(t.frame, recipe="par", backbone="tiny-qwen2", stopping="R = ⌈d/c⌉")
     assert r["8 (1×)"] == "100.0 ± 0.0 (3)"
     assert r["32 (4×)"] == "56.7 ± 15.3 (3)"
     assert r["64 (8×)"] == "33.3 ± 25.2 (3)"
@@ -275,13 +353,13 @@ def test_main_table_cells(summary):
     assert _row(t.frame, recipe="no_anchor", backbone="tiny-qwen2")["8 (1×)"] == "90.0 (1)"
     assert any("1 FAILED, 1 RUNNING" in n for n in t.notes)
     md = tables.to_markdown(t)
-    assert "| par | tiny-qwen2 | 100.0 ± 0.0 (3) | 80.0 ± 10.0 (3) | 56.7 ± 15.3 (3) | 33.3 ± 25.2 (3) | " \
+    assert "| par | tiny-qwen2 | R = ⌈d/c⌉ | 100.0 ± 0.0 (3) | 80.0 ± 10.0 (3) | 56.7 ± 15.3 (3) | 33.3 ± 25.2 (3) | " \
            "≥ 6.67 ± 2.31 (3) |" in md
     tex = tables.to_latex(t)
     assert r"56.7 $\pm$ 15.3 (3)" in tex and r"$\geq$ 6.67" in tex and r"32 (4$\times$)" in tex
     assert r"final\_answer" in tex and r"\toprule" in tex
     csv = pl.read_csv(tables.to_csv(t).encode())
-    assert csv.columns == t.frame.columns and csv.height == 5
+    assert csv.columns == t.frame.columns and csv.height == 7  # 5 configurations, the halting one 3 times
 
 
 def test_other_layouts(summary):
@@ -338,7 +416,9 @@ def test_cli_end_to_end_logs_to_parent(store, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["--experiment", EXPERIMENT, "--tracking-uri", store["uri"], "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "| par | tiny-qwen2 | 100.0 ± 0.0 (3) |" in printed and store["parent"] in printed
+    assert "| par | tiny-qwen2 | R = ⌈d/c⌉ | 100.0 ± 0.0 (3) |" in printed and store["parent"] in printed
+    assert "| par | tiny-qwen2 | own halting | 100.0 ± 0.0 (3) |" in printed  # the halting sweep's three G's
+    assert "| par | tiny-qwen2 | best R | 100.0 ± 0.0 (3) |" in printed
     for name in ("main_results", "scale", "halting", "ablation"):
         for ext in ("md", "csv", "tex"):
             assert (out / f"{name}.{ext}").stat().st_size > 0
@@ -363,10 +443,13 @@ def test_no_log_says_so_and_empty_data_frames_write_no_file(store, tmp_path, cap
     full = analyze(EXPERIMENT, store["parent"], store["uri"], tmp_path / "b", log_artifacts=False, n_boot=20)
     summary = full["summary"]
     no_halting = SimpleNamespace(**{k: getattr(summary, k) for k in ("accuracy", "per_seed", "G", "iterations")},
-                                 halting=summary.halting.clear())
+                                 **{k: getattr(summary, k).clear() for k in ("halting", "stopping_accuracy",
+                                                                             "stopping_G")})
     names = {p.name for p in _write_data(full["frames"], no_halting, tmp_path)}
-    assert "halting.csv" not in names and {"trials.csv", "accuracy.csv"} <= names
+    assert not names & {"halting.csv", "accuracy_by_stopping.csv", "G_by_stopping.csv"}
+    assert {"trials.csv", "accuracy.csv"} <= names
     assert not (tmp_path / "halting.csv").exists()
+    assert {"halting.csv", "accuracy_by_stopping.csv", "G_by_stopping.csv"} <= {p.name for p in full["data"]}
 
 
 def test_analyze_with_parent_run(store, tmp_path):

@@ -38,8 +38,9 @@ import torch
 
 from par_ray.config import TrialConfig, to_flat
 from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens, trial_cot_tokens
-from par_ray.evaluation import (BEST_R_MULTIPLES, EvalProgress, accuracy_by_depth, extrapolation, halt_max_iterations,
-                                halting_by_depth, halting_metrics, rank_chunks, wilson_interval)
+from par_ray.evaluation import (BEST_R_MULTIPLES, EvalProgress, accuracy_by_depth, extrapolation,
+                                extrapolation_metrics, halt_max_iterations, halting_by_depth, halting_metrics,
+                                rank_chunks, stopping_extrapolation, wilson_interval)
 from par_ray.halting import halt_tokens
 from par_ray.prompts import render
 from par_ray.weights import parent_tokenizer, resolved_backbone
@@ -178,10 +179,13 @@ def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None,
     module; on CPU: float32). So a backbone table never mixes an fp32-evaluated trial with a bf16-evaluated one.
 
     ``recipe``: the current stage's recipe (default ``cfg.recipe``); when it trains halting (and ``halt`` holds the
-    halting tokens), also the halting-vs-oracle metrics of :func:`par_ray.evaluation.halting_metrics`, and, for a
+    halting tokens), also the halting-vs-oracle metrics of :func:`par_ray.evaluation.halting_metrics` and d50 and G
+    of the model's own stopping and of the oracle best fixed R per depth (``G_halt``, ``G_halt_interp``,
+    ``G_halt_censored``, ``G_best``, …: :func:`par_ray.evaluation.stopping_extrapolation`; ``G`` stays R = ⌈d/c⌉'s),
+    and, for a
     model trained with ``recipe.dense_targets`` and ``recipe.dense_pending`` (``cfg.recipe``: the vocabulary's
-    pending class), those of the last operation's pending signal, ``halt_acc_d{D}_pending`` and the rest (a par_ray
-    signal, not the paper's read-out; docs/experiments.md §14). ``vocab``: the trial's vocabulary layout (default
+    pending class), those of the last operation's pending signal, ``halt_acc_d{D}_pending``, ``G_halt_pending`` and
+    the rest (a par_ray signal, not the paper's read-out; docs/experiments.md §14). ``vocab``: the trial's vocabulary layout (default
     ``par_ray.trial.resolve(cfg).vocab``): the CoT trace's ids and the pending class. ``say``: prints a line (the
     worker's rank-0 printer); an evaluation running past 30 s gets progress lines with an ETA
     (:class:`par_ray.evaluation.EvalProgress`).
@@ -214,10 +218,7 @@ def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayo
                                 progress("accuracy", lambda d: max(best_r or (1,)) * iterations_at(
                                     d, c, recipe.fixed_iterations)))
     ex = extrapolation({d: v["acc"] for d, v in acc.items()}, task.full_state_chance, cfg.task.train_depth)
-    out = {"chance": task.full_state_chance, "G": ex.G, "G_censored": float(ex.censored), "G_interp": ex.G_interp}
-    if ex.d50 is not None:
-        out["d50"] = float(ex.d50)
-        out["d50_interp"] = ex.d50_interp
+    out = {"chance": task.full_state_chance, **extrapolation_metrics(ex)}
     for d, v in acc.items():
         out[depth_metric("acc", d)] = v["acc"]
         lo, hi = wilson_interval(v["acc"], cfg.eval.sequences_at(d))
@@ -233,6 +234,8 @@ def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayo
                                world.rank, world.size, engine.all_reduce_sum, pending_id=vocab.pending_id,
                                progress=progress("halting", lambda d: R_max))
         out.update(halting_metrics(res, recipe.ops_per_iteration))
+        for stopping, hex_ in stopping_extrapolation(res, task.full_state_chance, cfg.task.train_depth).items():
+            out.update(extrapolation_metrics(hex_, stopping))  # G_halt, G_best, [G_halt_pending], …
     out.update(probe_metrics(engine, CotTask(task, tokens) if cfg.recipe.cot else task, cfg))
     return out
 
