@@ -172,8 +172,11 @@ def test_halting_table_has_one_row_per_rule_of_one_run_and_depth():
     paper = _row(t.frame, rule="6 of 8, τ 0.5", **{"test depth": "32 (8×)"})
     assert (paper["halting (%)"], paper["never halted (%)"]) == ("75.0 ± 7.1 (2)", "10.0 ± 0.0 (2)")
     assert "k of n, τ" in t.notes[0]
-    # the main table reads only the accuracy frame
-    assert tables.main_results(_summary(records)).frame.height == 1
+    # the main table reads only the accuracy frame: R = ⌈d/c⌉ and the primary rule's own halting (no row per extra
+    # rule; no best-R row, as these runs logged no best_acc_d{D})
+    main = tables.main_results(_summary(records)).frame
+    assert main.get_column("stopping").to_list() == ["R = ⌈d/c⌉", "own halting"]
+    assert _row(main, stopping="own halting")["32 (8×)"] == "75.0 ± 7.1 (2)"
 
 
 def test_halting_rule_labels_survive_an_mlflow_style_string_round_trip_of_tau():

@@ -10,7 +10,8 @@ import torch
 
 from par_ray.config import (BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig,
                             with_overrides)
-from par_ray.evaluation import halt_max_iterations, halting_by_depth, halting_metrics, k_of_n_stop, k_of_n_stops
+from par_ray.evaluation import (best_iteration, extrapolation, extrapolation_metrics, halt_max_iterations,
+                                halting_by_depth, halting_metrics, k_of_n_stop, k_of_n_stops, stopping_extrapolation)
 from par_ray.halting import (HaltTokens, p_yes, task_halt_tokens, tokenizer_halt_tokens,
                              with_halt_query, yes_no_logits)
 from par_ray.model.looped import LoopedOutput, build_looped
@@ -278,6 +279,101 @@ def test_halting_by_depth_against_hand_made_model_and_sharding():
     assert all(res[d]["rules"] == {} for d in cfg.depths) and not any("_k" in name for name in m if "_d" in name)
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# the oracle best fixed R per depth, and G of each stopping
+
+
+def test_best_iteration_is_the_argmax_of_the_counts_summed_over_ranks_smallest_R_on_ties():
+    # right_RB (R_max 5, 6 sequences) split over two ranks: rank 0's best R alone is 2, rank 1's is 4, the whole
+    # test set's is 3 — the max must be taken after the sum
+    right_RB = torch.tensor([[1, 0, 0, 0, 0, 0],  # rank 0: columns 0, 2, 4; rank 1: columns 1, 3, 5
+                             [1, 0, 1, 0, 1, 0],
+                             [1, 1, 1, 1, 0, 0],
+                             [0, 1, 0, 1, 0, 1],
+                             [0, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    rank0_R, rank1_R = right_RB[:, 0::2].double().sum(1), right_RB[:, 1::2].double().sum(1)
+    assert best_iteration(rank0_R)[0] == 2 and best_iteration(rank1_R)[0] == 4
+    assert best_iteration(rank0_R + rank1_R) == (3, 4.0) == best_iteration(right_RB.double().sum(1))
+    assert best_iteration(torch.tensor([2.0, 5.0, 5.0, 1.0])) == (2, 5.0)  # ties: the smallest R
+    assert best_iteration(torch.zeros(3)) == (1, 0.0)
+    with pytest.raises(ValueError, match="right_R: must be"):
+        best_iteration(right_RB.double())
+
+
+def _right_at(rule):
+    """:func:`_scripted_halting`'s test sets with a model whose answers are right after iteration k iff
+    ``rule(k, i)`` (i: the row of the test set) and which never says Yes."""
+    task, tok, cfg, tests, _ = _scripted_halting()
+    V = task.vocab_size + 3
+
+    def model_fn(ids, reads, R, window, stretch, read, reduce=None):
+        d = ids.shape[1] - 2 - 5 - 1
+        ep = tests[d]
+        rows = [next(i for i in range(20) if torch.equal(ep.input_ids[i], x[:-1])) for x in ids]
+        wrong = (ep.states[rows, -1] + 1 - 2) % 5 + 2
+        logits = torch.zeros(R, len(rows), 6, V)
+        for k in range(1, R + 1):
+            right = torch.tensor([rule(k, i) for i in rows])
+            ans = torch.where(right[:, None], ep.states[rows, -1], wrong)
+            logits[k - 1, :, :5] = torch.nn.functional.one_hot(ans, V).float() * 10
+            logits[k - 1, :, 5, tok.no] = 5.0
+        return streamed(LoopedOutput(logits, list(range(1, R + 1)), torch.ones(R)), reduce)
+
+    return task, tok, cfg, model_fn
+
+
+def test_halting_by_depth_reports_the_best_fixed_R_summed_over_ranks_before_the_max():
+    # even rows right at iteration 2, odd rows at 4, rows 0-11 also at 3: rank 0 (even rows) alone would pick 2,
+    # rank 1 (odd rows) 4; the test set's best is 3 (12 of 20 right)
+    task, tok, cfg, model_fn = _right_at(lambda k, i: k == (2 if i % 2 == 0 else 4) or (k == 3 and i < 12))
+    cpu = torch.device("cpu")
+    res = halting_by_depth(model_fn, task, cfg, 1, tok, cpu)
+    for d in cfg.depths:
+        assert (res[d]["best_iter"], res[d]["best_acc"]) == (3, pytest.approx(0.6))
+        assert res[d]["halt_acc"] == 0.0 and res[d]["never_halted"] == 1.0  # answered at R_max = 16: wrong
+    sent = []
+    halting_by_depth(model_fn, task, cfg, 1, tok, cpu, rank=0, world_size=2,
+                     reduce_sum=lambda t: sent.append(t.clone()) or t)
+    assert len(sent) == 2 * len(cfg.depths)  # one all-reduce of the rule counts, one of the per-R sums, per depth
+    alone = halting_by_depth(model_fn, task, cfg, 1, tok, cpu, rank=0, world_size=2)
+    assert alone[4]["best_iter"] == 2  # rank 0's rows alone
+    merged = halting_by_depth(model_fn, task, cfg, 1, tok, cpu, rank=1, world_size=2,
+                              reduce_sum=lambda t: t + sent.pop(0))
+    for d in cfg.depths:
+        assert (merged[d]["best_iter"], merged[d]["best_acc"]) == (3, pytest.approx(0.6))
+    m = halting_metrics(res, 1)
+    assert (m["best_acc_d8"], m["best_iter_d8"]) == (pytest.approx(0.6), 3.0)
+    # the scripted model of the test above: right from iteration d on, so the best R is d (ties: the smallest)
+    task, tok, cfg, _, scripted = _scripted_halting()
+    res = halting_by_depth(scripted, task, cfg, 1, tok, cpu)
+    assert [(res[d]["best_iter"], res[d]["best_acc"]) for d in cfg.depths] == [(4, 1.0), (8, 1.0)]
+
+
+def test_G_of_own_halting_best_R_and_the_pending_signal_from_halting_results():
+    chance, d_train = 1 / 120, 4
+    res = {4: {"halt_acc": 0.9, "best_acc": 1.0, "pending": {(6, 8, 0.5): {"halt_acc": 0.95}}},
+           8: {"halt_acc": 0.2, "best_acc": 0.7, "pending": {(6, 8, 0.5): {"halt_acc": 0.6}}},
+           16: {"halt_acc": 0.0, "best_acc": 0.3, "pending": {(6, 8, 0.5): {"halt_acc": 0.55}}}}
+    ex = stopping_extrapolation(res, chance, d_train)
+    assert list(ex) == ["halt", "best", "halt_pending"]
+    assert ex["halt"] == extrapolation({4: 0.9, 8: 0.2, 16: 0.0}, chance, d_train)
+    assert (ex["halt"].d50, ex["halt"].G, ex["best"].d50, ex["best"].G) == (8, 2.0, 16, 4.0)
+    assert ex["halt_pending"].censored and ex["halt_pending"].G == 4.0  # never below the midpoint: ≥ 4
+    m = {k: v for s, e in ex.items() for k, v in extrapolation_metrics(e, s).items()}
+    mid = (chance + 1) / 2
+    assert m["G_halt"] == 2.0 and m["G_halt_censored"] == 0.0 and m["d50_halt"] == 8.0
+    assert m["G_halt_interp"] == pytest.approx((4 + (0.9 - mid) / (0.9 - 0.2) * 4) / d_train)
+    assert (m["G_best"], m["G_best_censored"]) == (4.0, 0.0)
+    assert m["G_best_interp"] == pytest.approx((8 + (0.7 - mid) / (0.7 - 0.3) * 8) / d_train)
+    # censored: G and G_interp are the lower bound, no d50
+    assert (m["G_halt_pending"], m["G_halt_pending_interp"], m["G_halt_pending_censored"]) == (4.0, 4.0, 1.0)
+    assert "d50_halt_pending" not in m and "d50_halt_pending_interp" not in m
+    assert set(extrapolation_metrics(ex["halt"])) == {"G", "G_censored", "G_interp", "d50", "d50_interp"}
+    no_pending = {d: {k: v for k, v in r.items() if k != "pending"} for d, r in res.items()}
+    assert list(stopping_extrapolation(no_pending, chance, d_train)) == ["halt", "best"]
+    assert stopping_extrapolation({}, chance, d_train) == {}
+
+
 EXTRA_RULES = ((4, 8, 0.5), (1, 1, 0.999), (8, 8, 0.3))
 """(1, 1, 0.999) never fires on the scripted model (P(Yes) ≈ 0.993 at most): every sequence runs to R_max."""
 
@@ -442,7 +538,14 @@ def test_the_loops_evaluation_logs_the_pending_signal_only_with_dense_pending(de
     model = build_looped(cfg.backbone, cfg.recipe, vocab_size=vocab.size)
     engine = prepare(model, cfg.train, World())
     m = eval_metrics(engine, task, cfg, halt=halt_tokens(task))
-    assert {"halt_acc_d3", "oracle_acc_d3", "never_halted_d3"} <= set(m)
+    assert {"halt_acc_d3", "oracle_acc_d3", "never_halted_d3", "best_acc_d3", "best_iter_d3"} <= set(m)
+    # G of each stopping: R = ⌈d/c⌉ (G), own halting (G_halt), the best fixed R (G_best), each from its own curve
+    for stopping, curve in (("", "acc_d3"), ("_halt", "halt_acc_d3"), ("_best", "best_acc_d3")):
+        assert {f"G{stopping}", f"G{stopping}_interp", f"G{stopping}_censored"} <= set(m)
+        below = m[curve] < (m["chance"] + 1) / 2  # one test depth: G = 1 when below the midpoint, else ≥ 1
+        assert (m[f"G{stopping}"], m[f"G{stopping}_censored"]) == (1.0, 0.0 if below else 1.0)
+    assert m["best_acc_d3"] >= m["oracle_acc_d3"]  # R = ⌈d/c⌉ is one of the R the best is taken over
+    assert ("G_halt_pending" in m) == dense_pending
     if dense_pending:
         kinds = ("halt_acc", "halt_gap", "halt_iter", "halt_dR_mean", "halt_dR_std", "never_halted")
         assert {f"{kind}_d3_pending" for kind in kinds} <= set(m)

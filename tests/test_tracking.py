@@ -217,5 +217,22 @@ def test_schema_builds_and_parses_every_metric_name_analysis_reads():
                                                                   "rule": (6, 8, 1e-5)}
     assert ts.parse_metric("never_halted_d4_pending") == {"kind": "never_halted", "depth": 4, "pending": True}
     assert ts.parse_metric("halt_prob_k2") == {"kind": "halt_prob", "k": 2}
-    for other in ("loss", "acc_by_depth", "oracle_acc_d4_pending", "acc_d8_k1n2t0.5", "G"):
+    for other in ("loss", "acc_by_depth", "oracle_acc_d4_pending", "acc_d8_k1n2t0.5", "G", "best_acc_d8_pending"):
         assert ts.parse_metric(other) is None
+    assert ts.parse_metric("best_acc_d8") == {"kind": "best_acc", "depth": 8, "pending": False}
+    assert ts.parse_metric("best_iter_d48") == {"kind": "best_iter", "depth": 48, "pending": False}
+
+
+def test_extrapolation_metric_names_of_every_stopping():
+    from par_ray import tracking_schema as ts
+
+    assert [ts.g_metric(k) for k in ts.G_KINDS] == ["G", "G_censored", "G_interp", "d50", "d50_interp"]
+    assert [ts.g_metric(k, "halt") for k in ts.G_KINDS] == ["G_halt", "G_halt_censored", "G_halt_interp", "d50_halt",
+                                                            "d50_halt_interp"]
+    assert (ts.g_metric("G", "best"), ts.g_metric("G_interp", "best")) == ("G_best", "G_best_interp")
+    assert ts.g_metric("G", "halt_pending") == "G_halt_pending"
+    assert len({ts.g_metric(k, s) for k in ts.G_KINDS for s in ts.STOPPINGS}) == len(ts.G_KINDS) * len(ts.STOPPINGS)
+    with pytest.raises(ValueError, match="stopping 'oracle' is not one of"):
+        ts.g_metric("G", "oracle")
+    with pytest.raises(ValueError, match="kind 'G_std' is not one of"):
+        ts.g_metric("G_std")
