@@ -18,6 +18,10 @@ crosses it, so a curve that falls just past a test depth and one that falls just
 (d_b = d50, d_a the test depth before it). Each test depth's accuracy also gets its 95 % Wilson score interval
 (:func:`wilson_interval`), the uncertainty of a curve point from n test sequences.
 
+Trials with a halting read-out are also evaluated with the model's own stopping and with the oracle best fixed R per
+depth (:func:`halting_by_depth`, one pass of R_max iterations); :func:`stopping_extrapolation` gives d50 and G of
+those curves (``G_halt``, ``G_best``: :func:`extrapolation_metrics`), ``G`` staying R = ⌈d/c⌉'s.
+
 Tensor suffixes: B batch, Q queries, V vocabulary, R iterations.
 """
 
@@ -417,16 +421,16 @@ def halting_by_depth(
     query); at CPU scale it stops where the paper's read-out fires early (docs/experiments.md §14,
     ``scripts/halt_signals.py``). The answers, R* and the oracle accuracy are shared by both signals.
 
-    Args:
-        model_fn, task, eval_cfg, rank, world_size, reduce_sum, progress: as in :func:`accuracy_by_depth`.
-        halt: ``par_ray.halting.HaltTokens`` of the trial.
-        pending_id: token id of the dense "pending" class (``par_ray.trial.VocabLayout.pending_id``), or ``None``
-            (no pending signal: results and forward calls as without the argument).
     The same pass also gives the *oracle best fixed R* per depth: the R in 1..R_max at which the most test sequences
     are fully right (ties: the smallest R), counted over the whole test set (every rank's counts are summed before
     the max), an oracle that picks one R per depth with the test answers (as ``eval.best_r`` does among a few
     multiples of ⌈d/c⌉, here among every iteration run).
 
+    Args:
+        model_fn, task, eval_cfg, rank, world_size, reduce_sum, progress: as in :func:`accuracy_by_depth`.
+        halt: ``par_ray.halting.HaltTokens`` of the trial.
+        pending_id: token id of the dense "pending" class (``par_ray.trial.VocabLayout.pending_id``), or ``None``
+            (no pending signal: results and forward calls as without the argument).
     Returns:
         ``{d: {"halt_acc", "oracle_acc", "best_acc": full-state accuracy (fractions) under the rule, at R* = ⌈d/c⌉
         and at the best fixed R, "best_iter": that R (int), "halt_iter": mean chosen R,
@@ -542,20 +546,21 @@ def halting_metrics(results: Mapping[int, Mapping], ops_per_iteration: int) -> d
 
     Per test depth D: ``oracle_acc_d{D}`` (R = ⌈d/c⌉), ``best_acc_d{D}`` (the oracle best fixed R, a fraction) and
     ``best_iter_d{D}`` (that R); for the primary rule (eval.halt_k, eval.halt_n, eval.halt_tau): ``halt_acc_d{D}``
-    (a fraction), ``halt_gap_d{D}`` (oracle − halting, in accuracy points), ``halt_iter_d{D}``
-    (mean chosen R), ``halt_dR_mean_d{D}``, ``halt_dR_std_d{D}`` (R − ⌈d/c⌉), ``never_halted_d{D}`` (fraction).
-    For each extra rule (k, n, τ) of ``eval.halt_rules``: the same names but ``oracle_acc`` (which no rule changes),
-    each followed by ``_`` and ``par_ray.tracking_schema.rule_suffix``, e.g. ``halt_acc_d32_k4n8t0.3``,
-    ``halt_gap_d32_k4n8t0.3``, ``never_halted_d32_k8n8t0.5``. Curve: ``halt_prob_k{K}``, mean P(Yes) after iteration K on the first
-    (shallowest) test depth, for K = 1 … min(R_max, 2 ⌈d/c⌉).
+    (a fraction), ``halt_gap_d{D}`` (oracle − halting, in accuracy points), ``halt_iter_d{D}`` (mean chosen R),
+    ``halt_dR_mean_d{D}``, ``halt_dR_std_d{D}`` (R − ⌈d/c⌉), ``never_halted_d{D}`` (fraction). For each extra rule
+    (k, n, τ) of ``eval.halt_rules``: the same names but ``oracle_acc``, ``best_acc`` and ``best_iter`` (which no
+    rule changes), each followed by ``_`` and ``par_ray.tracking_schema.rule_suffix``, e.g.
+    ``halt_acc_d32_k4n8t0.3``, ``halt_gap_d32_k4n8t0.3``, ``never_halted_d32_k8n8t0.5``. Curve: ``halt_prob_k{K}``,
+    mean P(Yes) after iteration K on the first (shallowest) test depth, for K = 1 … min(R_max, 2 ⌈d/c⌉). d50 and G
+    of these curves: :func:`stopping_extrapolation`.
 
     Pending signal (results with ``"pending"``, i.e. :func:`halting_by_depth` given ``pending_id``; a par_ray signal,
-    not the paper's read-out, docs/experiments.md §14): every rule name above but ``oracle_acc`` (shared by both
-    signals) once more, with ``_pending`` appended after everything else: ``halt_acc_d{D}_pending``,
-    ``halt_gap_d{D}_pending`` (against the same ``oracle_acc_d{D}``), ``halt_iter_d{D}_pending``,
-    ``halt_dR_mean_d{D}_pending``, ``halt_dR_std_d{D}_pending``, ``never_halted_d{D}_pending`` for the primary rule,
-    ``halt_acc_d32_k4n8t0.3_pending`` and so on for each extra rule. Results without ``"pending"`` give none of
-    these names.
+    not the paper's read-out, docs/experiments.md §14): every rule name above but ``oracle_acc``, ``best_acc`` and
+    ``best_iter`` (shared by both signals) once more, with ``_pending`` appended after everything else:
+    ``halt_acc_d{D}_pending``, ``halt_gap_d{D}_pending`` (against the same ``oracle_acc_d{D}``),
+    ``halt_iter_d{D}_pending``, ``halt_dR_mean_d{D}_pending``, ``halt_dR_std_d{D}_pending``,
+    ``never_halted_d{D}_pending`` for the primary rule, ``halt_acc_d32_k4n8t0.3_pending`` and so on for each extra
+    rule. Results without ``"pending"`` give none of these names.
     """
     out: dict[str, float] = {}
     for d, v in results.items():

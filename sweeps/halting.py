@@ -10,6 +10,10 @@ read from that pass. One trial per (recipe, seed) therefore evaluates the paper'
 :data:`PAPER_RULES` beside it (``eval.halt_rules``, metrics ``halt_acc_d{D}_k{k}n{n}t{τ}`` …); the halting table has a
 row per rule (``analysis``).
 
+The printed main table has three rows per arm, one per stopping: R = ⌈d/c⌉, the model's own halting (the paper's
+rule) and the oracle best fixed R per depth (of 1…R_max, from the same pass), each with its accuracy by depth and its
+G (``G``, ``G_halt``, ``G_best`` in MLflow; ``analysis.aggregate.STOPPINGS``).
+
 Both presets evaluate every rule of :data:`PAPER_RULES` (the paper's, looser and stricter k of n, τ 0.3 and 0.7).
 Presets: ``paper`` — Qwen2.5-0.5B, both arms as the paper trains them × 3 seeds (6 trials). ``local`` — the same two
 arms × 3 seeds on tiny-qwen2 with experiment 9's recipe (:data:`LOCAL_RECIPE`, the one that learns swap_s5 at this

@@ -182,13 +182,12 @@ def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None,
     halting tokens), also the halting-vs-oracle metrics of :func:`par_ray.evaluation.halting_metrics` and d50 and G
     of the model's own stopping and of the oracle best fixed R per depth (``G_halt``, ``G_halt_interp``,
     ``G_halt_censored``, ``G_best``, …: :func:`par_ray.evaluation.stopping_extrapolation`; ``G`` stays R = ⌈d/c⌉'s),
-    and, for a
-    model trained with ``recipe.dense_targets`` and ``recipe.dense_pending`` (``cfg.recipe``: the vocabulary's
-    pending class), those of the last operation's pending signal, ``halt_acc_d{D}_pending``, ``G_halt_pending`` and
-    the rest (a par_ray signal, not the paper's read-out; docs/experiments.md §14). ``vocab``: the trial's vocabulary layout (default
-    ``par_ray.trial.resolve(cfg).vocab``): the CoT trace's ids and the pending class. ``say``: prints a line (the
-    worker's rank-0 printer); an evaluation running past 30 s gets progress lines with an ETA
-    (:class:`par_ray.evaluation.EvalProgress`).
+    and, for a model trained with ``recipe.dense_targets`` and ``recipe.dense_pending`` (``cfg.recipe``: the
+    vocabulary's pending class), those of the last operation's pending signal, ``halt_acc_d{D}_pending``,
+    ``G_halt_pending`` and the rest (a par_ray signal, not the paper's read-out; docs/experiments.md §14).
+    ``vocab``: the trial's vocabulary layout (default ``par_ray.trial.resolve(cfg).vocab``): the CoT trace's ids and
+    the pending class. ``say``: prints a line (the worker's rank-0 printer); an evaluation running past 30 s gets
+    progress lines with an ETA (:class:`par_ray.evaluation.EvalProgress`).
     """
     t0 = time.perf_counter()
     with engine.autocast():  # the training step's precision (docstring)
