@@ -49,9 +49,10 @@ from pathlib import Path
 from par_ray.config import TrialConfig, to_flat
 from par_ray.tracking_schema import (ARTIFACT_ACCURACY_CSV, ARTIFACT_ACCURACY_JSON, ARTIFACT_ACCURACY_PNG,
                                      ARTIFACT_CONFIG, CURVE_BY_DEPTH, CURVE_BY_MULTIPLE, EXPERIMENT_KIND,
-                                     METRIC_RENAMES, ROLE_SWEEP, ROLE_TRIAL, TAG_BACKBONE, TAG_EXPERIMENT_KIND,
-                                     TAG_EXPERIMENT_PATH, TAG_GIT_COMMIT, TAG_PARENT, TAG_RECIPE, TAG_ROLE, TAG_SEED,
-                                     TAG_SWEEP, TAG_TASK, TAG_TRIAL_ID, depth_metric, experiment_name)
+                                     METRIC_RENAMES, ROLE_SWEEP, ROLE_TRIAL, STOPPINGS, TAG_BACKBONE,
+                                     TAG_EXPERIMENT_KIND, TAG_EXPERIMENT_PATH, TAG_GIT_COMMIT, TAG_PARENT, TAG_RECIPE,
+                                     TAG_ROLE, TAG_SEED, TAG_SWEEP, TAG_TASK, TAG_TRIAL_ID, depth_metric,
+                                     experiment_name, g_metric)
 from par_ray.tracking_schema import (ARTIFACT_ERROR, ERROR_TAG_CHARS, ERROR_TEXT_CHARS,  # noqa: F401 - re-exported
                                      TAG_ERROR)
 
@@ -288,8 +289,11 @@ class SweepTracker:
         if run_id is None:
             return
         final = dict(final or {})
-        if final.get("G_censored") and "step" in final:  # d50 was not reached: make the last value say so
-            self.log_metrics(trial_id, {"d50": math.nan, "d50_interp": math.nan}, int(final["step"]))
+        # d50 was not reached (of R = ⌈d/c⌉, or of a halting trial's other stoppings): make the last value say so
+        unreached = {g_metric(kind, s): math.nan for s in STOPPINGS if final.get(g_metric("G_censored", s))
+                     for kind in ("d50", "d50_interp")}
+        if unreached and "step" in final:
+            self.log_metrics(trial_id, unreached, int(final["step"]))
         curve = curve_metrics(cfg, final) if status == "FINISHED" else []
         if curve and not self.client.get_metric_history(run_id, CURVE_BY_DEPTH):
             self._log_batch(run_id, curve)

@@ -52,10 +52,12 @@ def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
     cfgs = {"t0": _cfg(0), "t1": _cfg(1, "tiny-qwen3")}
     d1, d2 = cfgs["t0"].eval.depths[:2]  # the preset's first two test depths
     final = {"step": 4, "loss": 2.0, "G": 2.0, "G_censored": 1.0, "chance": 1 / 120, f"acc_d{d1}": 0.9,
-             f"acc_query_d{d1}": 0.95, f"acc_d{d2}": 0.8, f"acc_query_d{d2}": 0.9}
+             f"acc_query_d{d1}": 0.95, f"acc_d{d2}": 0.8, f"acc_query_d{d2}": 0.9,
+             "G_halt": 2.0, "G_halt_censored": 1.0, "G_best": 1.0, "G_best_censored": 0.0, "d50_best": 8.0}
     for tid, cfg in cfgs.items():
         t.start_trial(tid, cfg, run_name=f"run-{tid}")
-        t.log_metrics(tid, {"step": 2, "loss": 3.0, "d50": 16.0, "done": True, "note": "x"}, step=2)
+        t.log_metrics(tid, {"step": 2, "loss": 3.0, "d50": 16.0, "d50_halt": 16.0, "done": True, "note": "x"},
+                      step=2)
         t.log_metrics(tid, final, step=4)
         t.finish_trial(tid, cfg, final, "FINISHED")
     t.finish()
@@ -79,6 +81,8 @@ def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
         assert run.data.params.keys() == to_flat(cfg).keys()
         assert run.data.metrics["G"] == 2.0 and run.data.metrics[f"acc_d{d2}"] == 0.8
         assert run.data.metrics["d50"] != run.data.metrics["d50"]  # censored at the end: the last d50 is NaN
+        assert run.data.metrics["d50_halt"] != run.data.metrics["d50_halt"]  # own halting's, the same
+        assert run.data.metrics["d50_best"] == 8.0 and run.data.metrics["G_halt"] == 2.0  # the best R's crossed
         assert "done" not in run.data.metrics and "note" not in run.data.metrics
         assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4]
         assert run.info.status == "FINISHED"
