@@ -30,7 +30,7 @@ The mean G of a configuration with any censored seed is itself a lower bound (``
 Stoppings (:data:`STOPPINGS`): the curve above is R = ⌈d/c⌉'s (``acc_d{D}``). A trial with a halting read-out
 (``recipe.halting``) also logged its accuracy when it stops itself (``halt_acc_d{D}``, the primary rule) and at the
 oracle best fixed R per depth (``best_acc_d{D}``); :func:`stopping_accuracy` and :func:`stopping_g` give the same
-statistics and the same d50 and G of each of those curves, and :func:`curve_stats` picks each configuration's
+statistics of those curves and d50 and G of each stopping, and :func:`curve_stats` picks each configuration's
 extrapolation curve: its own halting where it has one.
 """
 
@@ -78,7 +78,8 @@ class Summary:
     """:func:`halting_gap`: per configuration, stopping signal, stopping rule and depth; empty when no halting metrics
     were logged."""
     stopping_accuracy: pl.DataFrame
-    """:func:`stopping_accuracy`: per configuration with a halting read-out, stopping and depth; empty without."""
+    """:func:`stopping_accuracy`: per configuration with a halting read-out, stopping (own halting, best R) and
+    depth; empty without."""
     stopping_G: pl.DataFrame
     """:func:`stopping_g`: per configuration with a halting read-out and stopping; empty without."""
     iterations: pl.DataFrame
@@ -322,14 +323,15 @@ def _halting_runs(acc: pl.DataFrame) -> pl.DataFrame:
 
 
 def stopping_accuracy(acc: pl.DataFrame, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> pl.DataFrame:
-    """:func:`accuracy_stats` of every stopping (:data:`STOPPINGS`) over the trials with a halting read-out (those
-    that logged ``halt_acc``), FINISHED only: ``stopping`` + the columns of :func:`accuracy_stats`, one row per
-    configuration, stopping and depth (a stopping whose accuracy was not logged has no rows). Empty when no trial
-    logged halting metrics."""
+    """:func:`accuracy_stats` of the stoppings other than R = ⌈d/c⌉ (:data:`STOPPINGS`: own halting, best R; R =
+    ⌈d/c⌉'s is :func:`accuracy_stats` itself) over the trials with a halting read-out (those that logged
+    ``halt_acc``), FINISHED only: ``stopping`` + the columns of :func:`accuracy_stats`, one row per configuration,
+    stopping and depth (a stopping whose accuracy was not logged has no rows). Empty when no trial logged halting
+    metrics."""
     halting = with_config(acc).join(_halting_runs(acc), on="run_id", how="semi")
     parts = [accuracy_stats(halting, column=column, n_boot=n_boot, ci=ci, seed=seed)
              .select(pl.lit(label, pl.String).alias("stopping"), pl.all())
-             for label, column in STOPPINGS.items()]
+             for label, column in STOPPINGS.items() if label != CEIL]
     return _in_stopping_order(pl.concat(parts, how="vertical_relaxed"), [*GROUP, "stopping", "depth"])
 
 

@@ -8,8 +8,8 @@
 - figures: ``accuracy_<task>_<backbone>.png``, ``G_<task>.png``, ``rms_<task>.png``, ``halt_prob_<task>.png``
   (:mod:`analysis.plots`);
 - data: ``trials.csv`` (every trial, all statuses), ``accuracy.csv``, ``per_seed.csv`` (d50, G, censored),
-  ``G.csv``, ``halting.csv``, ``accuracy_by_stopping.csv`` and ``G_by_stopping.csv`` (halting trials: R = ⌈d/c⌉,
-  own halting, best R), ``iterations.csv`` (each only when it has rows; ``trials.csv`` always),
+  ``G.csv``, ``halting.csv``, ``accuracy_by_stopping.csv`` (halting trials: own halting, best R) and
+  ``G_by_stopping.csv`` (halting trials: R = ⌈d/c⌉, own halting, best R), ``iterations.csv`` (each only when it has rows; ``trials.csv`` always),
   ``cost_overrides.json`` (the MFU the trials reached per device, for the sweeps' ``--prices``);
   ``summary.md`` gathers the tables and the warnings.
 

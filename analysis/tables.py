@@ -184,8 +184,8 @@ def _g_cells(g: pl.DataFrame, keys: list[str] = GROUP) -> pl.DataFrame:
 
 def _with_stoppings(ceil: pl.DataFrame, stopping: pl.DataFrame) -> pl.DataFrame:
     """``ceil`` (a frame of R = ⌈d/c⌉: ``Summary.accuracy`` or ``Summary.G``) with ``stopping`` = :data:`CEIL`, and
-    below it the other stoppings' rows of ``stopping`` (``Summary.stopping_accuracy`` / ``Summary.stopping_G``,
-    whose R = ⌈d/c⌉ rows ``ceil`` has already), in ``ceil``'s columns."""
+    below it the other stoppings' rows of ``stopping`` (``Summary.stopping_accuracy`` / ``Summary.stopping_G``;
+    ``ceil`` has the R = ⌈d/c⌉ rows of every configuration already), in ``ceil``'s columns."""
     ceil = ceil.with_columns(pl.lit(CEIL, pl.String).alias("stopping"))
     if stopping.is_empty():
         return ceil
