@@ -57,6 +57,15 @@ class TaskConfig:
     model computes the next d, so the operations it learns to compute lie anywhere in 1..d + given_prefix (it can
     no longer key its update on the position). Needs ``recipe.dense_targets``. A par_ray option for random-init
     models, not the paper's (``par_ray.tasks.common.GivenPrefix``; docs/experiments.md, experiment 9)."""
+    curriculum: tuple[int, ...] = ()
+    """Length curriculum (a par_ray option; the published from-scratch results train 4 → 8 → 16 → 32): the largest
+    training depth of each phase before the last, strictly increasing, each in [min_train_depth, train_depth). Phase
+    i (0-based) covers training steps [i · curriculum_steps, (i + 1) · curriculum_steps) and samples d ~
+    U{min_train_depth .. curriculum[i]}; from step len(curriculum) · curriculum_steps on, d ~ U{min_train_depth ..
+    train_depth}. A pure function of the step (``par_ray.schedules.curriculum_depth``), so a resumed run replays it.
+    ``()`` = off (the paper's). d_train of G is ``train_depth``, the last phase's."""
+    curriculum_steps: int = 0
+    """Steps per phase of ``curriculum`` (>= 1 when ``curriculum`` is set; ignored without one)."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +176,21 @@ class RecipeConfig:
     """EMA teacher update after every optimizer step: ema = ema_decay · ema + (1 - ema_decay) · student; in [0, 1)."""
     distill_temperature: float = 1.0
     """Temperature T of the distillation KL (both distributions softened by T, the KL scaled by T²); > 0."""
+    progressive_loss: bool = False
+    """Progressive loss (Bansal et al. 2022, "End-to-end algorithm synthesis with recurrent networks"): when a step's
+    R exceeds ``grad_window`` w, it runs n ~ U{0 .. R − w} iterations without autograd and then w with it, and stops
+    there (R' = n + w), so the supervised iterations start from the state after a random number of iterations instead
+    of always ending at R; steps with R <= w are unchanged. Targets stay progress-aligned (iteration k is trained on
+    z_min(ck, d)). A par_ray option for long training problems (``task.curriculum``), off by default."""
+    state_noise: float = 0.0
+    """σ of state-noise injection in training: before every iteration after the first, each token's carried state gets
+    Gaussian noise of standard deviation σ × its first-iteration RMS (``LoopedLM.iterate``), a contraction pressure
+    on the core (our hypothesis for the drift of waiting tokens, docs/experiments.md §9). Evaluation never adds
+    noise. 0 = off; a par_ray option."""
+    position_offset: int = 0
+    """Random position offsets in training (as Abacus embeddings, McLeish et al. 2024): every position id of a step
+    is shifted by o ~ U{0 .. position_offset}, one draw per step, so training sees the rotary phases of longer test
+    prompts. Evaluation uses o = 0. 0 = off; a par_ray option."""
 
 
 @dataclass(frozen=True)
@@ -417,6 +441,16 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     at_least("task.train_depth", 1)
     check("task.min_train_depth task.train_depth", lambda: 1 <= t.min_train_depth <= max(t.train_depth, 1),
           lambda: f"must be in [1, task.train_depth={t.train_depth}], got {t.min_train_depth}")
+    if "task.curriculum" not in bad and t.curriculum:
+        check("task.curriculum task.min_train_depth task.train_depth",
+              lambda: (list(t.curriculum) == sorted(set(t.curriculum))
+                       and all(t.min_train_depth <= d < t.train_depth for d in t.curriculum)),
+              lambda: (f"must be strictly increasing depths, each in [task.min_train_depth={t.min_train_depth}, "
+                       f"task.train_depth={t.train_depth}), got {list(t.curriculum)}"))
+        check("task.curriculum_steps", lambda: t.curriculum_steps >= 1,
+              lambda: f"must be >= 1 with task.curriculum={list(t.curriculum)} (steps per phase), got "
+                      f"{t.curriculum_steps}")
+    at_least("task.curriculum_steps", 0)
 
     one_of("backbone.position_scheme", POSITION_SCHEMES)
 
@@ -503,6 +537,11 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     at_least("backbone.adapter_alpha", 0, " (0 = the paper's [0 | I])")
     at_least("recipe.extra_iterations", 0)
     at_least("recipe.fixed_point_weight", 0, " (0 = off)")
+    at_least("recipe.state_noise", 0, " (0 = off)")
+    at_least("recipe.position_offset", 0, " (0 = off)")
+    if fixed:
+        check("recipe.progressive_loss", lambda: r.progressive_loss is not True,
+              f"must be false with recipe.fixed_iterations={r.fixed_iterations} (R is fixed)")
     check("recipe.fixed_point_weight recipe.dense_targets", lambda: not r.fixed_point_weight or r.dense_targets is True,
           "needs recipe.dense_targets=true (which tokens hold is read from the dense targets' frontier)")
     check("recipe.dense_pending recipe.dense_targets", lambda: r.dense_targets or not r.dense_pending,
@@ -675,7 +714,7 @@ def _nested(hint: typing.Any) -> bool:
 
 def to_flat(cfg: TrialConfig) -> dict[str, typing.Any]:
     """``{"task.name": "swap_s5", ..., "eval.depths": "8,16,32,64", "eval.halt_rules": "4/8/0.5,8/8/0.5"}``:
-    scalars only, tuples joined by commas, tuples of tuples as ``a/b/c`` items (``"none"`` when empty)."""
+    scalars only, tuples joined by commas, tuples of tuples as ``a/b/c`` items; an empty tuple is ``"none"``."""
     flat: dict[str, typing.Any] = {}
     for section in fields(cfg):
         sub = getattr(cfg, section.name)
@@ -685,7 +724,7 @@ def to_flat(cfg: TrialConfig) -> dict[str, typing.Any]:
         hints = typing.get_type_hints(type(sub))
         for f in fields(sub):
             value = getattr(sub, f.name)
-            if _nested(hints[f.name]) and isinstance(value, tuple):
+            if isinstance(value, tuple) and (_nested(hints[f.name]) or not value):  # () is "none" too
                 value = format_halt_rules(value)
             flat[f"{section.name}.{f.name}"] = flat_value(value)
     return flat
@@ -739,6 +778,8 @@ def _convert(raw: typing.Any, hint: typing.Any) -> typing.Any:
     if origin is tuple:
         elem = args[0]
         if isinstance(raw, str):
+            if raw.strip().lower() in (NO_RULES, ""):  # an empty list (task.curriculum's default)
+                return ()
             items = [x.strip() for x in raw.split(",")]
             if any(x == "" for x in items):
                 raise ValueError("empty element in comma-separated list")

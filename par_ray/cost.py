@@ -148,11 +148,13 @@ class TrialFlops:
         return self.train + self.eval
 
 
-def _schedule(task_cfg, rc: RecipeConfig) -> list[tuple[int, dict[int, float]]]:
-    """[(d, {R: probability})] for every depth d of the step's draw (uniform), as ``schedules.plan_step`` draws."""
+def _schedule(task_cfg, rc: RecipeConfig, max_depth: int | None = None) -> list[tuple[int, dict[int, float]]]:
+    """[(d, {R: probability})] for every depth d of the step's draw (uniform up to ``max_depth``, default d_train:
+    a ``task.curriculum`` phase's cap), as ``schedules.plan_step`` draws, with ``recipe.progressive_loss``'s cut of R
+    to n + grad_window, n ~ U{0 .. R − grad_window}."""
     cap = rc.max_iterations
     out = []
-    for d in range(task_cfg.min_train_depth, task_cfg.train_depth + 1):
+    for d in range(task_cfg.min_train_depth, (max_depth or task_cfg.train_depth) + 1):
         pmf: dict[int, float] = {}
         if rc.depth_schedule == "hold":
             lam = rc.hold_lambda
@@ -165,6 +167,13 @@ def _schedule(task_cfg, rc: RecipeConfig) -> list[tuple[int, dict[int, float]]]:
             for extra in range(rc.extra_iterations + 1):
                 R = min(base + extra, cap)
                 pmf[R] = pmf.get(R, 0.0) + 1.0 / (rc.extra_iterations + 1)
+        w = rc.grad_window
+        if getattr(rc, "progressive_loss", False) and any(R > w for R in pmf):
+            cut: dict[int, float] = {}
+            for R, p in pmf.items():
+                for R_run in (range(w, R + 1) if R > w else (R,)):
+                    cut[R_run] = cut.get(R_run, 0.0) + p / (R - w + 1 if R > w else 1)
+            pmf = cut
         out.append((d, pmf))
     return out
 
@@ -296,6 +305,18 @@ def checkpoint_bytes_written(cfg: TrialConfig, num_params: int | None = None) ->
     return count * per_param * psi
 
 
+def _depth_caps(task_cfg, start: int, end: int) -> list[tuple[int, int]]:
+    """[(largest training depth, steps)] of global steps [start, end) under ``task.curriculum``
+    (``schedules.curriculum_depth``); [(d_train, end − start)] without one."""
+    phases = tuple(task_cfg.curriculum or ())
+    if not phases:
+        return [(task_cfg.train_depth, end - start)]
+    n = task_cfg.curriculum_steps
+    bounds = [(i * n, (i + 1) * n, d) for i, d in enumerate(phases)] + [(len(phases) * n, max(end, len(phases) * n),
+                                                                        task_cfg.train_depth)]
+    return [(d, min(hi, end) - max(lo, start)) for lo, hi, d in bounds if min(hi, end) > max(lo, start)]
+
+
 def trial_flops(cfg: TrialConfig) -> TrialFlops:
     """Planned training and evaluation FLOPs of ``cfg`` (validated), all stages and evaluations, all ranks."""
     from par_ray.stages import resolve_stages, stage_at
@@ -308,16 +329,18 @@ def trial_flops(cfg: TrialConfig) -> TrialFlops:
     per_stage, means = [], []
     for stage in stages:
         rc = stage.recipe
-        mean = 0.0
-        schedule = _schedule(cfg.task, rc)
-        for d, pmf in schedule:
-            lengths = _lengths(cfg.task, bool(cfg.recipe.cot), d, cfg.train.seed, samples)
-            for R, p in pmf.items():
-                if p > 0:
-                    mean += p * sum(step_flops(cfg, rc, shape, d, R, ln, op_width) for ln in lengths) / len(lengths)
-        mean /= len(schedule)
-        means.append(mean)
-        per_stage.append(mean * stage.steps)
+        total = 0.0
+        for max_depth, steps in _depth_caps(cfg.task, stage.start, stage.end):  # one cap without a curriculum
+            mean = 0.0
+            schedule = _schedule(cfg.task, rc, max_depth)
+            for d, pmf in schedule:
+                lengths = _lengths(cfg.task, bool(cfg.recipe.cot), d, cfg.train.seed, samples)
+                for R, p in pmf.items():
+                    if p > 0:
+                        mean += p * sum(step_flops(cfg, rc, shape, d, R, ln, op_width) for ln in lengths) / len(lengths)
+            total += steps * mean / len(schedule)
+        means.append(total / max(stage.steps, 1))
+        per_stage.append(total)
     tr = cfg.train
     evals = [s for s in range(1, tr.steps + 1) if s % tr.eval_every == 0 or s == tr.steps]
     eval_once = tuple(eval_flops(cfg, stage_at(stages, s - 1)[0].recipe, shape, tr.num_workers) for s in evals)

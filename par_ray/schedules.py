@@ -8,6 +8,11 @@ replays exactly the schedule it would have seen. Streams are separated with ``nu
   ``recipe.fixed_iterations = n > 0`` (the fixed-R baselines), R = n whatever d.
 - hold: d as above, R = 1 + Poisson(λ) capped at ``max_iterations``; iterations past d / c keep z_d (the objective's
   min(c·k, d) does this).
+- length curriculum (``task.curriculum``, a par_ray option): the largest d of the step's phase
+  (:func:`curriculum_depth`) replaces d_train in the draw of d.
+- progressive loss (``recipe.progressive_loss``, Bansal et al. 2022): when R > grad_window w, R' = n + w with
+  n ~ U{0 .. R − w}: the step's iterations 1..n run without autograd, n + 1..n + w with it, and it stops there.
+- random position offsets (``recipe.position_offset`` = M): o ~ U{0 .. M} added to every position id of the step.
 - positional stretch (§3.4): s ~ U[1, s_max] per step (s_max = 1 disables it); in the paper's stretch stage s_max
   itself is ramped linearly from 1 to ``stretch_max`` over the stage (:func:`stretch_cap`).
 """
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 _SCHEDULE_STREAM = 0x5C4ED  # separates schedule draws from data draws that share (seed, step)
+_NOISE_STREAM = 0x5701E  # the state noise's generator (recipe.state_noise)
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,8 @@ class StepPlan:
     """Core iterations."""
     stretch: float
     """Positional stretch factor s."""
+    position_offset: int = 0
+    """o added to every position id (``recipe.position_offset``; 0 = off)."""
 
 
 def stretch_cap(stretch_max: float, step_in_stage: int, stage_steps: int) -> float:
@@ -49,16 +57,32 @@ def iterations_at(depth: int, ops_per_iteration: int, fixed_iterations: int = 0)
     return fixed_iterations if fixed_iterations > 0 else math.ceil(depth / ops_per_iteration)
 
 
+def curriculum_depth(task_cfg, step: int) -> int:
+    """Largest training depth at step ``step`` (0-based): ``task.curriculum[i]`` in phase i = step //
+    ``task.curriculum_steps``, ``task.train_depth`` after the last phase or without a curriculum."""
+    phases = tuple(getattr(task_cfg, "curriculum", ()) or ())
+    if not phases:
+        return task_cfg.train_depth
+    i = step // task_cfg.curriculum_steps
+    return phases[i] if i < len(phases) else task_cfg.train_depth
+
+
+def noise_seed(seed: int, step: int) -> int:
+    """Seed of step ``step``'s state-noise generator (``recipe.state_noise``): a pure function of (seed, step)."""
+    return int(np.random.SeedSequence([_NOISE_STREAM, seed, step]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
 def plan_step(task_cfg, recipe_cfg, seed: int, step: int, stretch_max: float | None = None) -> StepPlan:
     """The (d, R, s) of training step ``step`` of a trial seeded ``seed``.
 
     Args:
-        task_cfg: ``TaskConfig`` (train_depth, min_train_depth).
-        recipe_cfg: ``RecipeConfig`` (ops_per_iteration, depth_schedule, hold_lambda, max_iterations, stretch_max).
+        task_cfg: ``TaskConfig`` (train_depth, min_train_depth, curriculum, curriculum_steps).
+        recipe_cfg: ``RecipeConfig`` (ops_per_iteration, depth_schedule, hold_lambda, max_iterations, stretch_max,
+            extra_iterations, grad_window, progressive_loss, position_offset).
         stretch_max: s_max of this step in place of ``recipe_cfg.stretch_max`` (the ramp of :func:`stretch_cap`).
     """
     rng = np.random.default_rng(np.random.SeedSequence([_SCHEDULE_STREAM, seed, step]))
-    depth = int(rng.integers(task_cfg.min_train_depth, task_cfg.train_depth + 1))
+    depth = int(rng.integers(task_cfg.min_train_depth, curriculum_depth(task_cfg, step) + 1))
     if recipe_cfg.depth_schedule == "forced":
         R = iterations_at(depth, recipe_cfg.ops_per_iteration, getattr(recipe_cfg, "fixed_iterations", 0))
         if recipe_cfg.extra_iterations:  # drawn only when on, so the paper's schedule keeps its random stream
@@ -70,4 +94,10 @@ def plan_step(task_cfg, recipe_cfg, seed: int, step: int, stretch_max: float | N
     R = min(R, recipe_cfg.max_iterations)
     s_max = recipe_cfg.stretch_max if stretch_max is None else stretch_max
     stretch = float(rng.uniform(1.0, s_max)) if s_max > 1.0 else 1.0
-    return StepPlan(step=step, depth=depth, R=R, stretch=stretch)
+    # par_ray options, drawn only when on so that every earlier draw keeps its stream
+    window = recipe_cfg.grad_window
+    if getattr(recipe_cfg, "progressive_loss", False) and R > window:
+        R = int(rng.integers(0, R - window + 1)) + window
+    offset_max = getattr(recipe_cfg, "position_offset", 0)
+    offset = int(rng.integers(0, offset_max + 1)) if offset_max else 0
+    return StepPlan(step=step, depth=depth, R=R, stretch=stretch, position_offset=offset)

@@ -137,3 +137,15 @@ def test_gpu_check_budget_skips_what_does_not_fit(tmp_path):
     sections = json.loads(out.read_text())["sections"]
     assert all(s["status"] == "skipped" and "budget" in s["reason"] for s in sections.values())
 
+
+
+def test_bench_long_problems_splits_the_step_by_profiler_label(tmp_path):
+    """Issue 22: a step at d = R = 4 with a gradient window of 2 has 2 iterations under ``par_ray.core_no_grad``;
+    the full-window row has none."""
+    bench = _load("bench_long_problems")
+    out = tmp_path / "long.json"
+    assert bench.main(["--depths", "4", "--window", "2", "--steps", "1", "--batch", "4", "--out", str(out)]) == 0
+    short, full = json.loads(out.read_text())["rows"]
+    assert (short["grad_window"], short["no_grad_iterations"], full["grad_window"]) == (2, 2, 4)
+    assert short["no_grad_ms"] > 0 and full["no_grad_ms"] == 0 and short["grad_ms"] > 0 and full["grad_ms"] > 0
+    assert short["step_s"] > 0 and full["saving"] == 0.0

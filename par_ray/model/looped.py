@@ -7,6 +7,7 @@ Progress-Aligned Recurrence (PAR), paper §3:
     s_k  = core(W · [e ; s_{k-1}])          k = 1..R    W ∈ R^{h×2h}, initialised W = [0 | I]  (Eq. 1)
            (+ conv(s_{k-1}), a causal depthwise convolution of width 4, with ``position_scheme="conv"``)
     s_k ← s_k · rms(s_1).detach() / rms(s_k)            RMS norm anchoring, per token            (§3.3)
+    s_k ← s_k + σ · rms(s_1) · ε,  ε ~ N(0, I)          state noise, training only (``recipe.state_noise``)
     y_k  = lm_head(norm(coda(s_k)))[read positions]     readout after any iteration k
 
 With ``W = [0 | I]`` and ``s_0 = e``, one iteration computes core(prelude(x)) and the readout coda(·) — exactly the
@@ -50,6 +51,11 @@ def validate_split(split: tuple[int, int, int], num_layers: int) -> tuple[int, i
         raise ValueError(f"backbone.split: {tuple(split)} must be three non-negative integers (prelude, core, coda) "
                          f"with core >= 1 summing to the parent's {num_layers} layers")
     return tuple(split)
+
+
+def profiler_label(name: str):
+    """``torch.profiler.record_function(name)``: a labelled range in a profiler trace (cheap when none records)."""
+    return torch.profiler.record_function(name)
 
 
 def token_rms(x_BTH: torch.Tensor) -> torch.Tensor:
@@ -165,10 +171,12 @@ class LoopedLM(nn.Module):
         return len(self.untied) == 0
 
     # ---------------------------------------------------------------------------------------------------------------
-    def _positions(self, x_BTH: torch.Tensor, stretch: float) -> tuple[tuple[torch.Tensor, torch.Tensor], object]:
-        """Rotary (cos, sin) for position ids × ``stretch`` and the causal mask; shared by all three stages."""
+    def _positions(self, x_BTH: torch.Tensor, stretch: float,
+                   offset: int = 0) -> tuple[tuple[torch.Tensor, torch.Tensor], object]:
+        """Rotary (cos, sin) for position ids (t + ``offset``) × ``stretch`` and the causal mask; shared by all three
+        stages."""
         T = x_BTH.shape[1]
-        position_ids = (torch.arange(T, device=x_BTH.device, dtype=torch.float32) * stretch)[None]
+        position_ids = ((torch.arange(T, device=x_BTH.device, dtype=torch.float32) + offset) * stretch)[None]
         if self.position_scheme in ("none", "conv"):
             head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.config.num_attention_heads
             cos = torch.ones(1, T, head_dim, device=x_BTH.device, dtype=x_BTH.dtype)
@@ -233,6 +241,9 @@ class LoopedLM(nn.Module):
         read: str | tuple[int, ...] = "window",
         state_change: bool = False,
         reduce: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+        position_offset: int = 0,
+        state_noise: float = 0.0,
+        noise_seed: int | None = None,
     ) -> LoopedOutput:
         """Run the prelude once and the core R times; read out selected iterations.
 
@@ -252,8 +263,19 @@ class LoopedLM(nn.Module):
                 exist; only its result is kept (``LoopedOutput.reduced_K``, ``logits_KBQV`` is then ``None``). An
                 evaluation that reads every one of R iterations then holds one iteration's (B, Q, V) logits at a
                 time, not R of them (halting evaluation at R_max = 1,024 on a 152k vocabulary: 0.47 GB, not 478 GB).
+            position_offset: added to every position id before the stretch (training only, ``recipe.position_offset``;
+                0 = the parent's positions).
+            state_noise: σ ≥ 0; after iterations 1..R−1 (after anchoring and the read-out) every token's state gets
+                Gaussian noise of standard deviation σ × its first-iteration RMS before it enters the next iteration,
+                so the core must pull perturbed states back (training only, ``recipe.state_noise``; 0 = off).
+            noise_seed: seed of the state noise's generator on the state's device, so a step's noise is a pure
+                function of (trial seed, step) (``None``: torch's global generator).
         Returns: :class:`LoopedOutput` with logits (K, B, Q, V), or with ``reduce`` their reductions.
-        Raises: ValueError for R < 1, grad_window < 1 or an unknown ``read``.
+        Raises: ValueError for R < 1, grad_window < 1, state_noise < 0 or an unknown ``read``.
+
+        The prelude, the iterations before the gradient window, those inside it and the read-outs run under the
+        ``torch.profiler`` labels ``par_ray.prelude``, ``par_ray.core_no_grad``, ``par_ray.core_grad`` and
+        ``par_ray.readout`` (``benchmarks/bench_long_problems.py``).
         """
         if R < 1:
             raise ValueError(f"R: must be >= 1, got {R}")
@@ -263,16 +285,22 @@ class LoopedLM(nn.Module):
             raise ValueError(f"read: iterations {read!r} must be non-empty, each in 1..R={R}")
         if not isinstance(read, tuple) and read not in ("window", "last", "all"):
             raise ValueError(f"read: {read!r} is not one of ['window', 'last', 'all'] or a tuple of iterations")
+        if state_noise < 0:
+            raise ValueError(f"state_noise: must be >= 0, got {state_noise}")
         window = R if grad_window is None else min(grad_window, R)
         first_grad = R - window + 1  # 1-based first iteration that runs with autograd
         to_read = sorted(set(read)) if isinstance(read, tuple) else {
             "window": range(first_grad, R + 1), "last": range(R, R + 1), "all": range(1, R + 1)}[read]
 
         x_BTH = self.embed_tokens(input_ids_BT)
-        pos, mask = self._positions(x_BTH, stretch)
+        pos, mask = self._positions(x_BTH, stretch, position_offset)
         local = self._local(mask, x_BTH)
         mask = self._local(mask, x_BTH, self.coda_window)  # the coda's (read-out) mask
-        e_BTH = self._stack(self.prelude, x_BTH, pos, local)
+        with profiler_label("par_ray.prelude"):
+            e_BTH = self._stack(self.prelude, x_BTH, pos, local)
+        noise_gen = None
+        if state_noise and noise_seed is not None:
+            noise_gen = torch.Generator(device=e_BTH.device).manual_seed(noise_seed)
         s_BTH = e_BTH
         ref_rms_BT1 = None
         logits, rms, change = [], [], []
@@ -280,22 +308,27 @@ class LoopedLM(nn.Module):
             grad_ctx = contextlib.nullcontext() if k >= first_grad else torch.no_grad()
             with grad_ctx:
                 prev_BTH = s_BTH
-                u_BTH = self.adapter(torch.cat([e_BTH, s_BTH], dim=-1))
-                if self.state_conv is not None:
-                    u_BTH = u_BTH + self._conv(s_BTH)
-                s_BTH = self._stack(self._core_for(k), u_BTH, pos, local)
-                if k == 1:
-                    ref_rms_BT1 = token_rms(s_BTH).detach()  # stop-gradient on the anchoring reference
-                elif self.anchoring:
-                    s_BTH = (s_BTH.float() * (ref_rms_BT1 / token_rms(s_BTH).clamp_min(1e-12))).to(s_BTH.dtype)
+                with profiler_label("par_ray.core_grad" if k >= first_grad else "par_ray.core_no_grad"):
+                    u_BTH = self.adapter(torch.cat([e_BTH, s_BTH], dim=-1))
+                    if self.state_conv is not None:
+                        u_BTH = u_BTH + self._conv(s_BTH)
+                    s_BTH = self._stack(self._core_for(k), u_BTH, pos, local)
+                    if k == 1:
+                        ref_rms_BT1 = token_rms(s_BTH).detach()  # stop-gradient on the anchoring reference
+                    elif self.anchoring:
+                        s_BTH = (s_BTH.float() * (ref_rms_BT1 / token_rms(s_BTH).clamp_min(1e-12))).to(s_BTH.dtype)
                 rms.append(token_rms(s_BTH).mean().detach())
                 if k in to_read:
-                    logits_BQV = self.readout(s_BTH, read_positions_Q, pos, mask)
-                    logits.append(logits_BQV if reduce is None else reduce(k, logits_BQV))
+                    with profiler_label("par_ray.readout"):
+                        logits_BQV = self.readout(s_BTH, read_positions_Q, pos, mask)
+                        logits.append(logits_BQV if reduce is None else reduce(k, logits_BQV))
                     del logits_BQV  # with ``reduce``: freed before the next iteration's read-out
                     if state_change:
                         diff_BT = (s_BTH.float() - prev_BTH.float()).pow(2).mean(-1) / ref_rms_BT1[..., 0].pow(2)
                         change.append(diff_BT if k > 1 else torch.zeros_like(diff_BT))
+                if state_noise and k < R:  # the next iteration starts from a perturbed state
+                    eps_BTH = torch.randn(s_BTH.shape, generator=noise_gen, device=s_BTH.device, dtype=torch.float32)
+                    s_BTH = (s_BTH.float() + state_noise * ref_rms_BT1 * eps_BTH).to(s_BTH.dtype)
         return LoopedOutput(torch.stack(logits) if reduce is None else None, list(to_read), torch.stack(rms),
                             torch.stack(change) if state_change else None,
                             torch.stack(logits) if reduce is not None else None)
@@ -331,12 +364,13 @@ class LoopedLM(nn.Module):
         return self.lm_head(self.norm(s_BTH))
 
     def forward(self, input_ids_BT, read_positions_Q=None, R=1, grad_window=None, stretch=1.0, read="window",
-                state_change=False, cache=None, reduce=None):
+                state_change=False, cache=None, reduce=None, position_offset=0, state_noise=0.0, noise_seed=None):
         """Alias of :meth:`iterate` so wrappers (DDP, FSDP, DeepSpeed) that call ``forward`` see the same thing; with
         a ``cache``, :meth:`decode` (through ``forward`` too, so sharded parameters are gathered by the wrapper)."""
         if cache is not None:
             return self.decode(input_ids_BT, cache)
-        return self.iterate(input_ids_BT, read_positions_Q, R, grad_window, stretch, read, state_change, reduce)
+        return self.iterate(input_ids_BT, read_positions_Q, R, grad_window, stretch, read, state_change, reduce,
+                            position_offset, state_noise, noise_seed)
 
 
 def build_looped(backbone_cfg, recipe_cfg, vocab_size: int | None = None, dtype: torch.dtype = torch.float32,

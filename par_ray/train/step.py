@@ -38,7 +38,7 @@ import torch
 from par_ray.distill import psd_loss, teacher_logits
 from par_ray.halting import HaltTokens, with_halt_query, yes_no_logits
 from par_ray.objectives import dense_progress_loss, fixed_point_loss, halting_loss, par_loss
-from par_ray.schedules import StepPlan, plan_step
+from par_ray.schedules import StepPlan, noise_seed, plan_step
 from par_ray.tasks.common import Episode
 
 
@@ -248,7 +248,9 @@ def train_step(engine, task, task_cfg, loss_fn: StepLoss, seed: int, step: int, 
     with engine.autocast():
         # ``supervise``: every iteration of the gradient window (PAR) or only the last (the final-answer baselines)
         out = engine.model(batch.ids_BT, batch.reads_Q, plan.R, recipe.grad_window, plan.stretch, recipe.supervise,
-                           loss_fn.state_change)
+                           loss_fn.state_change, position_offset=plan.position_offset,
+                           state_noise=recipe.state_noise,
+                           noise_seed=noise_seed(seed, step) if recipe.state_noise else None)
         lo = loss_fn.answers(out.logits_KBQV[:, :, :batch.n_answers], out.iterations, batch, targets)
         loss, metrics = lo.loss, {}
         for term in loss_fn.extras:

@@ -1,0 +1,172 @@
+"""Training on long problems at a bounded cost (issue 22, part 2): length curriculum, progressive loss, state noise,
+random position offsets, and the profiler labels of the no-autograd iterations before the gradient window."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, from_flat, to_flat
+from par_ray.model.looped import build_looped
+from par_ray.schedules import curriculum_depth, noise_seed, plan_step
+from par_ray.tasks import build_task
+from par_ray.train.step import build_step_loss, train_step
+from par_ray.train.strategies import World, prepare
+from par_ray.trial import validate
+
+CURRICULUM = TaskConfig(train_depth=32, curriculum=(4, 8, 16), curriculum_steps=100)
+
+
+def test_curriculum_phases_cap_the_sampled_depth_by_step():
+    assert [curriculum_depth(CURRICULUM, s) for s in (0, 99, 100, 199, 200, 299, 300, 10_000)] == \
+        [4, 4, 8, 8, 16, 16, 32, 32]
+    assert curriculum_depth(TaskConfig(train_depth=6), 5_000) == 6  # off: d_train throughout
+    recipe = RecipeConfig(max_iterations=64)
+    for lo, hi, cap in ((0, 100, 4), (100, 200, 8), (200, 300, 16), (300, 400, 32)):
+        depths = {plan_step(CURRICULUM, recipe, 0, s).depth for s in range(lo, hi)}
+        assert max(depths) <= cap and max(depths) > cap // 2  # the phase's whole range is drawn
+        assert min(depths) >= CURRICULUM.min_train_depth
+
+
+def test_the_paper_schedule_is_unchanged_without_the_new_options():
+    """Each option draws only when it is on, so the paper's (d, R, s) stream is the one it always was."""
+    task, recipe = TaskConfig(train_depth=8), RecipeConfig(stretch_max=2.0)
+    on = RecipeConfig(stretch_max=2.0, position_offset=7, progressive_loss=True, grad_window=64)
+    for s in range(50):
+        a, b = plan_step(task, recipe, 3, s), plan_step(task, on, 3, s)
+        assert (a.depth, a.R, a.stretch, a.position_offset) == (b.depth, b.R, b.stretch, 0)
+        assert 0 <= b.position_offset <= 7
+
+
+def test_progressive_loss_stops_after_a_random_window_start():
+    task = TaskConfig(train_depth=32)
+    plain, prog = RecipeConfig(grad_window=8), RecipeConfig(grad_window=8, progressive_loss=True)
+    starts = set()
+    for s in range(300):
+        a, b = plan_step(task, plain, 0, s), plan_step(task, prog, 0, s)
+        assert a.depth == b.depth
+        if a.R <= 8:
+            assert b.R == a.R  # the whole step fits the window: unchanged
+        else:
+            assert 8 <= b.R <= a.R
+            starts.add(b.R - 8)  # n: iterations run without autograd before the window
+        assert b == plan_step(task, prog, 0, s)  # pure function of (seed, step)
+    assert 0 in starts and max(starts) >= 20
+
+
+def test_position_offsets_are_drawn_per_step_and_leave_rope_attention_unchanged():
+    """o ~ U{0..M} per step. RoPE attention depends on relative positions only, so a common offset changes the
+    logits by float round-off alone (what Abacus-style offsets do for learned absolute embeddings, rotary
+    embeddings already have; docs/experiments.md §21)."""
+    recipe = RecipeConfig(position_offset=5)
+    offsets = [plan_step(TaskConfig(), recipe, 0, s).position_offset for s in range(200)]
+    assert set(offsets) == set(range(6))
+    torch.manual_seed(0)
+    model = build_looped(BackboneConfig(), RecipeConfig(), vocab_size=64).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    reads = torch.arange(12)
+    with torch.no_grad():
+        base = model.iterate(ids, reads, 3, read="all").logits_KBQV
+        shifted = model.iterate(ids, reads, 3, read="all", position_offset=1000).logits_KBQV
+        stretched = model.iterate(ids, reads, 3, read="all", stretch=1.5).logits_KBQV
+    shift = (shifted - base).abs().max()
+    assert shift < 1e-5  # measured 3.9e-7: float round-off of the rotary phases
+    assert (stretched - base).abs().max() > 100 * shift  # a stretch does change relative distances (measured 8e-3)
+
+
+def test_state_noise_perturbs_only_the_carried_state_and_is_a_function_of_the_seed():
+    torch.manual_seed(0)
+    model = build_looped(BackboneConfig(), RecipeConfig(), vocab_size=64).eval()
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
+    reads = torch.arange(10)
+    with torch.no_grad():
+        clean = model.iterate(ids, reads, 3, read="all").logits_KBQV
+        a = model.iterate(ids, reads, 3, read="all", state_noise=0.5, noise_seed=7).logits_KBQV
+        b = model.iterate(ids, reads, 3, read="all", state_noise=0.5, noise_seed=7).logits_KBQV
+        c = model.iterate(ids, reads, 3, read="all", state_noise=0.5, noise_seed=8).logits_KBQV
+        one = model.iterate(ids, reads, 1, read="all", state_noise=0.5, noise_seed=7).logits_KBQV
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(a[0], clean[0]) and torch.equal(one[0], clean[0])  # iteration 1 reads a clean state
+    assert (a[1:] - clean[1:]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="state_noise"):
+        model.iterate(ids, reads, 2, state_noise=-0.1)
+    assert noise_seed(0, 5) == noise_seed(0, 5) != noise_seed(0, 6)
+
+
+def test_a_step_with_every_long_problem_option_trains_and_is_reproducible():
+    torch.set_num_threads(1)
+    task_cfg = TaskConfig(train_depth=8, curriculum=(3,), curriculum_steps=1, given_prefix=2)
+    recipe = RecipeConfig(dense_targets=True, dense_pending=True, grad_window=2, progressive_loss=True,
+                          state_noise=0.1, position_offset=4, extra_iterations=2)
+    cfg = validate(TrialConfig(task=task_cfg, recipe=recipe))
+    task = build_task(task_cfg, train=True)
+    from par_ray.trial import resolve
+    vocab = resolve(cfg).vocab
+
+    def run():
+        torch.manual_seed(0)
+        model = build_looped(BackboneConfig(), recipe, vocab_size=vocab.size)
+        engine = prepare(model, TrainConfig(batch_size=4, warmup_steps=0), World())
+        loss_fn = build_step_loss(recipe, task, dense_offset=vocab.dense_offset)
+        return [train_step(engine, task, task_cfg, loss_fn, 0, s, 4) for s in range(3)]
+
+    first, again = run(), run()
+    assert [r.loss for r in first] == [r.loss for r in again]
+    assert all(math.isfinite(r.loss) for r in first)
+    assert first[0].plan.depth <= 3  # phase 0 of the curriculum
+    assert all(r.plan.R == len(r.state_rms) for r in first)  # the model ran the plan's (progressive) R
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("task", dict(curriculum=(4, 4), curriculum_steps=10, train_depth=8), "task.curriculum"),
+    ("task", dict(curriculum=(4, 8), curriculum_steps=10, train_depth=8), "task.curriculum"),
+    ("task", dict(curriculum=(4,), curriculum_steps=0, train_depth=8), "task.curriculum_steps"),
+    ("recipe", dict(state_noise=-0.5), "recipe.state_noise"),
+    ("recipe", dict(position_offset=-1), "recipe.position_offset"),
+    ("recipe", dict(progressive_loss=True, fixed_iterations=4, supervise="last"), "recipe.progressive_loss"),
+])
+def test_bad_values_are_refused_naming_the_field(field, value, match):
+    cfg = TrialConfig()
+    cfg = dataclasses.replace(cfg, **{field: dataclasses.replace(getattr(cfg, field), **value)})
+    with pytest.raises(ValueError, match=match):
+        validate(cfg)
+
+
+def test_the_new_fields_round_trip_through_the_flat_form():
+    cfg = TrialConfig(task=CURRICULUM, recipe=RecipeConfig(progressive_loss=True, state_noise=0.2, position_offset=3,
+                                                           max_iterations=64))
+    flat = to_flat(cfg)
+    assert flat["task.curriculum"] == "4,8,16" and to_flat(TrialConfig())["task.curriculum"] == "none"
+    assert from_flat({k: str(v) for k, v in flat.items()}) == cfg
+    assert from_flat({k: str(v) for k, v in to_flat(TrialConfig()).items()}) == TrialConfig()
+
+
+def test_iterations_before_the_gradient_window_are_labelled_for_the_profiler():
+    torch.manual_seed(0)
+    model = build_looped(BackboneConfig(), RecipeConfig(), vocab_size=64)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model.iterate(ids, torch.arange(8), 5, grad_window=2)
+    counts = {e.key: e.count for e in prof.key_averages() if e.key.startswith("par_ray.")}
+    assert counts == {"par_ray.prelude": 1, "par_ray.core_no_grad": 3, "par_ray.core_grad": 2, "par_ray.readout": 2}
+
+
+def test_the_cost_plan_follows_the_curriculum_and_the_progressive_cut():
+    """``par_ray.cost``: a curriculum's early phases draw shorter problems and the progressive loss runs fewer
+    iterations, so both plan fewer FLOPs than the same trial at d_train throughout; the R distribution stays a pmf."""
+    from par_ray import cost
+
+    def trial(task=TaskConfig(train_depth=16), **recipe):
+        return validate(TrialConfig(task=task, recipe=RecipeConfig(grad_window=4, **recipe),
+                                    train=TrainConfig(steps=300, eval_every=300), eval=EvalConfig(depths=(16,))))
+
+    plain = cost.trial_flops(trial()).train
+    curriculum = cost.trial_flops(trial(TaskConfig(train_depth=16, curriculum=(4, 8), curriculum_steps=100))).train
+    progressive = cost.trial_flops(trial(progressive_loss=True)).train
+    assert curriculum < plain and progressive < plain
+    for _, pmf in cost._schedule(TaskConfig(train_depth=16), RecipeConfig(grad_window=4, progressive_loss=True,
+                                                                          extra_iterations=2)):
+        assert sum(pmf.values()) == pytest.approx(1.0) and min(pmf) >= 1
+    assert cost._depth_caps(TaskConfig(train_depth=16, curriculum=(6, 11), curriculum_steps=500), 400, 1200) == \
+        [(6, 100), (11, 500), (16, 200)]
