@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from par_ray.config import BackboneConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig
+from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig
 from par_ray.model.looped import build_looped
 from par_ray.tasks import build_task
 from par_ray.train.step import build_step_loss, train_step
@@ -44,7 +44,7 @@ def measure(depth: int, grad_window: int, steps: int, backbone: str, batch: int)
     task_cfg = TaskConfig(train_depth=depth, min_train_depth=depth)
     recipe = RecipeConfig(dense_targets=True, dense_pending=True, fixed_point_weight=1.0, targets="done",
                           grad_window=grad_window, max_iterations=max(64, depth))
-    cfg = validate(TrialConfig(task=task_cfg, recipe=recipe,
+    cfg = validate(TrialConfig(task=task_cfg, recipe=recipe, eval=EvalConfig(depths=(depth,)),
                                backbone=BackboneConfig(name=backbone, adapter_alpha=0.1, attention_window=2,
                                                        coda_window=8)))
     vocab = resolve(cfg).vocab

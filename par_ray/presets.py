@@ -24,6 +24,26 @@ LOCAL_TRAIN_DEPTH = 6
 LOCAL_EVAL_MULTIPLES = (1, 2, 4, 8)
 """The coarse multiples of d_train (1×, 2×, 4×, 8×); the local preset tests on the fine grid up to the last of them,
 which contains them all (:func:`fine_depths`)."""
+LOCAL_LOOP_OPTIONS = {
+    "recipe.depth_schedule": "forced", "recipe.extra_iterations": 3, "backbone.adapter_alpha": 0.1,
+    "backbone.attention_window": 2, "backbone.coda_window": 8,
+}
+"""Flat options of experiment 9's from-scratch recipe (docs/experiments.md §9, arm "s7 fp cw8") that every recipe of a
+local comparison shares: up to 3 slack iterations, input injection alive from step 0 (adapter α 0.1), prelude/core
+attention window 2, coda window 8 (par_ray options for random-init models, not the paper's)."""
+LOCAL_PROGRESS_OPTIONS = {
+    "recipe.dense_targets": True, "recipe.dense_pending": True, "recipe.fixed_point_weight": 1.0,
+    "recipe.targets": "done", "task.given_prefix": 12,
+}
+"""The progress-aligned part of experiment 9's recipe: dense progress targets on every operation token with a pending
+class, the fixed-point loss, queries supervised once done, operations given solved up to 12. With
+:data:`LOCAL_LOOP_OPTIONS` it learns swap-S5 to 0.97 / 0.47 at 1× / 2× (tiny-qwen3, d_train 6, 2,000 steps)."""
+LOCAL_FINAL_OPTIONS = {
+    "recipe.dense_targets": False, "recipe.dense_pending": False, "recipe.fixed_point_weight": 0.0,
+    "recipe.targets": "final", "task.given_prefix": 0,
+}
+"""The same keys for final-answer training: no per-operation (progress) supervision, no given prefix (it reads the
+dense state classes), every iteration supervised with z_d."""
 FINE_GRID_RATIO = 1.25
 """Largest ratio between neighbouring depths of the geometric part of :func:`fine_depths`."""
 

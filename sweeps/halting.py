@@ -26,7 +26,7 @@ scale), 2,400 steps — 6 trials, 78 minutes on 2 cores (docs/experiments.md §1
 
 import sys
 
-from par_ray.presets import LOCAL_EVAL_MULTIPLES, LOCAL_TRAIN_DEPTH
+from par_ray.presets import LOCAL_EVAL_MULTIPLES, LOCAL_LOOP_OPTIONS, LOCAL_PROGRESS_OPTIONS, LOCAL_TRAIN_DEPTH
 from par_ray.sweep import SweepSpec, main
 
 PAPER_RULE = (6, 8, 0.5)
@@ -41,9 +41,7 @@ LOCAL_RECIPE = {
     # up to 3 slack iterations (the halting read-out sees completed iterations at every step), dense progress targets
     # with a pending class, operations given solved up to 12, prelude/core attention window 2, coda window 8 (the
     # halting query sits inside it), fixed-point loss (states stop moving once done, so P(Yes) stays put past R).
-    "recipe.depth_schedule": "forced", "recipe.extra_iterations": 3, "recipe.dense_targets": True,
-    "recipe.dense_pending": True, "recipe.fixed_point_weight": 1.0, "recipe.targets": "done",
-    "task.given_prefix": 12, "backbone.adapter_alpha": 0.1, "backbone.attention_window": 2, "backbone.coda_window": 8,
+    **LOCAL_LOOP_OPTIONS, **LOCAL_PROGRESS_OPTIONS,
     "train.steps": 2400, "train.eval_every": 1200,
     # the coarse 1×, 2×, 4×, 8× depths, not the local preset's fine grid: halting evaluation runs R_max = 96
     # iterations at every depth, so the fine grid's 11 depths between would double this sweep's evaluation (unmeasured)

@@ -145,6 +145,7 @@ def test_bench_long_problems_splits_the_step_by_profiler_label(tmp_path):
     bench = _load("bench_long_problems")
     out = tmp_path / "long.json"
     assert bench.main(["--depths", "4", "--window", "2", "--steps", "1", "--batch", "4", "--out", str(out)]) == 0
+    assert bench.main(["--depths", "12", "--window", "8", "--steps", "1", "--batch", "2"]) == 0  # above eval's default
     short, full = json.loads(out.read_text())["rows"]
     assert (short["grad_window"], short["no_grad_iterations"], full["grad_window"]) == (2, 2, 4)
     assert short["no_grad_ms"] > 0 and full["no_grad_ms"] == 0 and short["grad_ms"] > 0 and full["grad_ms"] > 0

@@ -4,6 +4,8 @@ an interrupted search, a stale local-cluster address, checkpoint retention."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.util
 import os
 import subprocess
@@ -566,9 +568,27 @@ def test_halting_sweep_evaluates_every_stopping_rule_in_one_trial_per_recipe_and
 
 
 def test_ablations_gain_the_stretch_stage():
-    plan = sweep.build_plan(_load(ROOT / "sweeps/ablations.py").SPEC, Options(preset="local", seeds=(0,)), "local")
+    plan = sweep.build_plan(_load(ROOT / "sweeps/ablations.py").SPEC, Options(preset="paper", seeds=(0,)), "paper")
     stretch = [c for _, c in plan.trials if c.recipe.name == "stretch"]
     assert stretch and all([s.recipe for s in c.stages] == ["", "stretch_ramp"] for c in stretch)
+
+
+def test_local_ablations_compare_par_with_its_two_ablations_on_experiment_9s_loop():
+    """Issue 22: 9 trials (par, no_anchor, final_answer × 3 seeds, tiny-qwen3) that share the loop options; par and
+    no_anchor differ only in anchoring, final_answer trains z_d at every iteration without the progress-aligned
+    options; tested on the fine grid."""
+    plan = sweep.build_plan(_load(ROOT / "sweeps/ablations.py").SPEC, Options(preset="local"), "local")
+    by = {(c.recipe.name, c.train.seed): c for _, c in plan.trials}
+    assert sorted(by) == [(r, s) for r in ("final_answer", "no_anchor", "par") for s in (0, 1, 2)]
+    for c in by.values():
+        assert (c.backbone.name, c.backbone.attention_window, c.backbone.coda_window, c.backbone.adapter_alpha,
+                c.recipe.extra_iterations, c.recipe.state_noise, c.train.steps) == ("tiny-qwen3", 2, 8, 0.1, 3, 0.1, 1500)
+        assert c.eval.depths == presets.fine_depths(6, 48)
+    par, no_anchor, final = by["par", 0], by["no_anchor", 0], by["final_answer", 0]
+    assert par.recipe.anchoring and not no_anchor.recipe.anchoring and final.recipe.anchoring
+    assert dataclasses.replace(no_anchor.recipe, anchoring=True, name="par") == par.recipe
+    assert (par.recipe.dense_targets, par.recipe.targets, par.task.given_prefix) == (True, "done", 12)
+    assert (final.recipe.dense_targets, final.recipe.targets, final.task.given_prefix) == (False, "final", 0)
 
 
 def test_prior_benchmarks_use_fan_et_al_lengths_under_the_paper_preset():
