@@ -108,3 +108,19 @@ def test_help_lists_the_registries(capsys):
     for flag, names in (("--task", TASKS), ("--recipe", RECIPES), ("--backbone", BACKBONES)):
         assert f"{flag} {{{','.join(names)}}}" in out
     assert "--seed SEED" in out and "non-negative" in out
+
+
+def test_a_halting_trial_prints_accuracy_and_g_for_each_stopping():
+    """Issue 22 part 3: own halting beside R = ⌈d/c⌉ and the oracle best fixed R, with the G of each; nothing for a
+    trial without a halting read-out."""
+    from par_ray.train.__main__ import stopping_summary
+
+    m = {"acc_d8": 0.9, "acc_d16": 0.2, "halt_acc_d8": 0.88, "halt_acc_d16": 0.3, "best_acc_d8": 0.92,
+         "best_acc_d16": 0.35, "best_iter_d8": 9.0, "best_iter_d16": 20.0, "G": 2.0, "G_censored": 0.0,
+         "G_interp": 1.5, "G_halt": 2.0, "G_halt_censored": 0.0, "G_halt_interp": 1.6, "G_best": 2.0,
+         "G_best_censored": 1.0, "G_best_interp": 2.0}
+    out = stopping_summary(m, (8, 16))
+    assert "own halting G = 2.00" in out["table"] and "best fixed R G = ≥ 2.00" in out["table"]
+    assert "| 16 | 0.300 | 0.200 | 0.350 (20) |" in out["table"]
+    assert out["result"]["halt"] == {"acc": {8: 0.88, 16: 0.3}, "G": 2.0, "G_censored": 0.0, "G_interp": 1.6}
+    assert stopping_summary({"acc_d8": 1.0}, (8,)) is None

@@ -27,7 +27,7 @@ from par_ray.config import from_flat, parse_overrides, to_flat
 from par_ray.evaluation import Extrapolation, format_G
 from par_ray.model.registry import BACKBONES
 from par_ray.recipes import apply_recipe
-from par_ray.tracking_schema import depth_metric
+from par_ray.tracking_schema import depth_metric, g_metric
 from par_ray.trial import validate
 from par_ray.weights import resolve_pretrained
 
@@ -169,6 +169,29 @@ def _has_ray_checkpoints(storage: str, name: str) -> bool:
     return os.path.isfile(os.path.join(storage, name, "checkpoint_manager_snapshot.json"))
 
 
+def stopping_summary(metrics: dict, depths) -> dict | None:
+    """For a trial with a halting read-out (it logged ``halt_acc_d{D}``): full-state accuracy per test depth when the
+    model stops itself (the primary rule), at R = ⌈d/c⌉ and at the oracle best fixed R, with the G of each (issue 22,
+    part 3), as ``{"table": markdown text, "result": {stopping: {"acc": {d: fraction}, "G", "G_censored",
+    "G_interp"}}}``; ``None`` for a trial without one."""
+    columns = (("own halting", "halt", "halt_acc"), ("R = ⌈d/c⌉", "ceil", "acc"), ("best fixed R", "best", "best_acc"))
+    if any(depth_metric("halt_acc", d) not in metrics for d in depths):
+        return None
+    result, rows = {}, []
+    for label, stop, kind in columns:
+        result[stop] = {"acc": {d: metrics.get(depth_metric(kind, d), float("nan")) for d in depths},
+                        **{k: metrics.get(g_metric(k, stop)) for k in ("G", "G_censored", "G_interp")}}
+    lines = ["", "stopping: " + ", ".join(
+        f"{label} G = {'≥ ' if result[stop]['G_censored'] else ''}{result[stop]['G']:.2f}"
+        for label, stop, _ in columns if result[stop]["G"] is not None),
+        "| depth | own halting | R = ⌈d/c⌉ | best fixed R (R) |", "|---:|---:|---:|---:|"]
+    for d in depths:
+        best_R = metrics.get(depth_metric("best_iter", d))
+        rows.append(f"| {d} | {result['halt']['acc'][d]:.3f} | {result['ceil']['acc'][d]:.3f} | "
+                    f"{result['best']['acc'][d]:.3f} ({'?' if best_R is None else int(best_R)}) |")
+    return {"table": "\n".join(lines + rows), "result": result}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -237,8 +260,11 @@ def main(argv=None) -> int:
     print(f"d50 = {ex.d50 if ex.d50 is not None else f'> {max(cfg.eval.depths)}'}{interp}   G = {format_G(ex)}   "
           f"train time {m['train_seconds']:.0f} s, evaluation {m.get('eval_seconds_total', float('nan')):.0f} s "
           f"(wall {time.time() - t0:.0f} s)")
+    stopping = stopping_summary(m, cfg.eval.depths)
+    if stopping:
+        print(stopping["table"])
     with open(os.path.join(out, "result.json"), "w") as f:
-        json.dump({"accuracy_by_depth": acc,
+        json.dump({"accuracy_by_depth": acc, **({"stopping": stopping["result"]} if stopping else {}),
                    "accuracy_by_depth_per_query": {d: m[depth_metric("acc_query", d)] for d in cfg.eval.depths},
                    "accuracy_interval_95": {d: [m.get(depth_metric("acc_lo", d)), m.get(depth_metric("acc_hi", d))]
                                             for d in cfg.eval.depths},
