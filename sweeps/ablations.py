@@ -14,7 +14,7 @@ windows) and state noise σ 0.1 (§21); ``par`` and ``no_anchor`` add its progre
 ``final_answer`` trains z_d at every iteration instead (``presets.LOCAL_FINAL_OPTIONS``). Plain ``par`` at d_train 6
 falls off at 2× like every baseline (docs/experiments.md §15), so without these options every recipe reads the same G.
 
-    python sweeps/ablations.py                                  # local: 9 trials, ~1 h on 2 cores
+    python sweeps/ablations.py                                  # local: 9 trials, --dry-run plans 1.3 h (not yet run)
     python sweeps/ablations.py --smoke-test --seeds 0
 """
 
