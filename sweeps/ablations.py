@@ -6,8 +6,9 @@ fine-tuning stage on the last 10 % of the steps: position ids × s, s ~ U[1, s_m
 across the preset's backbones × seeds. Task: S5 under the ``paper`` preset (the paper's Table 7).
 
 The ``local`` preset asks the question a laptop can answer — does the method's progress alignment and anchoring move
-G? — in about 1.3 h (its dry run; not yet run): ``par``, ``no_anchor`` and ``final_answer`` on swap-S5 (the tiny CPU models stay near chance
-on S5, docs/experiments.md §11, §15), tiny-qwen3 × 3 seeds, 9 trials of 1,500 steps, tested on the fine grid 6 … 48.
+G? — in about 1.3 h (its dry run; not yet run): ``par``, ``no_anchor`` and ``final_answer`` on swap-S5 (the tiny CPU
+models stay near chance on S5, docs/experiments.md §11, §15), tiny-qwen3 × 3 seeds, 9 trials of 1,500 steps, tested on
+the fine grid 6 … 48.
 All three share experiment 9's loop options (``presets.LOCAL_LOOP_OPTIONS``: slack iterations, adapter α, attention
 windows) and state noise σ 0.1 (§21); ``par`` and ``no_anchor`` add its progress-aligned part
 (``presets.LOCAL_PROGRESS_OPTIONS``: dense progress targets with a pending class, fixed-point loss, given prefixes),
