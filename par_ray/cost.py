@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 from par_ray.hardware import Table, load_table
 from par_ray.planner import ModelShape, model_shape
-from par_ray.schedules import iterations_at
+from par_ray.schedules import curriculum_phases, iterations_at
 from par_ray.tracking_schema import cost_param
 
 if typing.TYPE_CHECKING:
@@ -306,15 +306,11 @@ def checkpoint_bytes_written(cfg: TrialConfig, num_params: int | None = None) ->
 
 
 def _depth_caps(task_cfg, start: int, end: int) -> list[tuple[int, int]]:
-    """[(largest training depth, steps)] of global steps [start, end) under ``task.curriculum``
-    (``schedules.curriculum_depth``); [(d_train, end − start)] without one."""
-    phases = tuple(task_cfg.curriculum or ())
-    if not phases:
-        return [(task_cfg.train_depth, end - start)]
-    n = task_cfg.curriculum_steps
-    bounds = [(i * n, (i + 1) * n, d) for i, d in enumerate(phases)] + [(len(phases) * n, max(end, len(phases) * n),
-                                                                        task_cfg.train_depth)]
-    return [(d, min(hi, end) - max(lo, start)) for lo, hi, d in bounds if min(hi, end) > max(lo, start)]
+    """[(largest training depth, steps)] of global steps [start, end), one per ``task.curriculum`` phase they overlap
+    (``schedules.curriculum_phases``); [(d_train, end − start)] without a curriculum."""
+    spans = [(d, min(hi if hi is not None else end, end) - max(lo, start))
+             for lo, hi, d in curriculum_phases(task_cfg)]
+    return [(d, n) for d, n in spans if n > 0]
 
 
 def trial_flops(cfg: TrialConfig) -> TrialFlops:

@@ -57,14 +57,19 @@ def iterations_at(depth: int, ops_per_iteration: int, fixed_iterations: int = 0)
     return fixed_iterations if fixed_iterations > 0 else math.ceil(depth / ops_per_iteration)
 
 
-def curriculum_depth(task_cfg, step: int) -> int:
-    """Largest training depth at step ``step`` (0-based): ``task.curriculum[i]`` in phase i = step //
-    ``task.curriculum_steps``, ``task.train_depth`` after the last phase or without a curriculum."""
+def curriculum_phases(task_cfg) -> list[tuple[int, int | None, int]]:
+    """The length curriculum as ``[(first step, end step or None, largest training depth)]``: phase i of
+    ``task.curriculum`` covers steps [i · curriculum_steps, (i + 1) · curriculum_steps), and the last phase, at
+    ``task.train_depth``, runs from the end of those to the end of training (``None``). Without a curriculum:
+    ``[(0, None, train_depth)]``."""
     phases = tuple(getattr(task_cfg, "curriculum", ()) or ())
-    if not phases:
-        return task_cfg.train_depth
-    i = step // task_cfg.curriculum_steps
-    return phases[i] if i < len(phases) else task_cfg.train_depth
+    n = task_cfg.curriculum_steps if phases else 0
+    return [(i * n, (i + 1) * n, d) for i, d in enumerate(phases)] + [(len(phases) * n, None, task_cfg.train_depth)]
+
+
+def curriculum_depth(task_cfg, step: int) -> int:
+    """Largest training depth at step ``step`` (0-based): that of the :func:`curriculum_phases` phase holding it."""
+    return next(d for _, end, d in curriculum_phases(task_cfg) if end is None or step < end)
 
 
 def noise_seed(seed: int, step: int) -> int:
