@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 from transformers import PreTrainedModel
 
 from par_ray.model.backbones import causal_mask, run_decoder_layer
@@ -51,11 +52,6 @@ def validate_split(split: tuple[int, int, int], num_layers: int) -> tuple[int, i
         raise ValueError(f"backbone.split: {tuple(split)} must be three non-negative integers (prelude, core, coda) "
                          f"with core >= 1 summing to the parent's {num_layers} layers")
     return tuple(split)
-
-
-def profiler_label(name: str):
-    """``torch.profiler.record_function(name)``: a labelled range in a profiler trace (cheap when none records)."""
-    return torch.profiler.record_function(name)
 
 
 def token_rms(x_BTH: torch.Tensor) -> torch.Tensor:
@@ -296,7 +292,7 @@ class LoopedLM(nn.Module):
         pos, mask = self._positions(x_BTH, stretch, position_offset)
         local = self._local(mask, x_BTH)
         mask = self._local(mask, x_BTH, self.coda_window)  # the coda's (read-out) mask
-        with profiler_label("par_ray.prelude"):
+        with record_function("par_ray.prelude"):
             e_BTH = self._stack(self.prelude, x_BTH, pos, local)
         noise_gen = None
         if state_noise and noise_seed is not None:
@@ -308,7 +304,7 @@ class LoopedLM(nn.Module):
             grad_ctx = contextlib.nullcontext() if k >= first_grad else torch.no_grad()
             with grad_ctx:
                 prev_BTH = s_BTH
-                with profiler_label("par_ray.core_grad" if k >= first_grad else "par_ray.core_no_grad"):
+                with record_function("par_ray.core_grad" if k >= first_grad else "par_ray.core_no_grad"):
                     u_BTH = self.adapter(torch.cat([e_BTH, s_BTH], dim=-1))
                     if self.state_conv is not None:
                         u_BTH = u_BTH + self._conv(s_BTH)
@@ -319,7 +315,7 @@ class LoopedLM(nn.Module):
                         s_BTH = (s_BTH.float() * (ref_rms_BT1 / token_rms(s_BTH).clamp_min(1e-12))).to(s_BTH.dtype)
                 rms.append(token_rms(s_BTH).mean().detach())
                 if k in to_read:
-                    with profiler_label("par_ray.readout"):
+                    with record_function("par_ray.readout"):
                         logits_BQV = self.readout(s_BTH, read_positions_Q, pos, mask)
                         logits.append(logits_BQV if reduce is None else reduce(k, logits_BQV))
                     del logits_BQV  # with ``reduce``: freed before the next iteration's read-out
