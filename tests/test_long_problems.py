@@ -55,6 +55,20 @@ def test_progressive_loss_stops_after_a_random_window_start():
     assert 0 in starts and max(starts) >= 20
 
 
+def _tiny_read_all(tokens: int):
+    """``logits(R, **iterate_kwargs)``: every iteration's logits (K, B, T, V) of one random-init tiny-qwen2 looped
+    model (seed 0, vocabulary 64) on one fixed batch of 2 prompts of ``tokens`` tokens, read at every position."""
+    torch.manual_seed(0)
+    model = build_looped(BackboneConfig(), RecipeConfig(), vocab_size=64).eval()
+    ids = torch.randint(0, 64, (2, tokens), generator=torch.Generator().manual_seed(1))
+
+    def logits(R: int, **kwargs) -> torch.Tensor:
+        with torch.no_grad():
+            return model.iterate(ids, torch.arange(tokens), R, read="all", **kwargs).logits_KBQV
+
+    return logits
+
+
 def test_position_offsets_are_drawn_per_step_and_leave_rope_attention_unchanged():
     """o ~ U{0..M} per step. RoPE attention depends on relative positions only, so a common offset changes the
     logits by float round-off alone (what Abacus-style offsets do for learned absolute embeddings, rotary
@@ -62,35 +76,23 @@ def test_position_offsets_are_drawn_per_step_and_leave_rope_attention_unchanged(
     recipe = RecipeConfig(position_offset=5)
     offsets = [plan_step(TaskConfig(), recipe, 0, s).position_offset for s in range(200)]
     assert set(offsets) == set(range(6))
-    torch.manual_seed(0)
-    model = build_looped(BackboneConfig(), RecipeConfig(), vocab_size=64).eval()
-    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
-    reads = torch.arange(12)
-    with torch.no_grad():
-        base = model.iterate(ids, reads, 3, read="all").logits_KBQV
-        shifted = model.iterate(ids, reads, 3, read="all", position_offset=1000).logits_KBQV
-        stretched = model.iterate(ids, reads, 3, read="all", stretch=1.5).logits_KBQV
+    logits = _tiny_read_all(tokens=12)
+    base, shifted, stretched = logits(3), logits(3, position_offset=1000), logits(3, stretch=1.5)
     shift = (shifted - base).abs().max()
     assert shift < 1e-5  # measured 3.9e-7: float round-off of the rotary phases
     assert (stretched - base).abs().max() > 100 * shift  # a stretch does change relative distances (measured 8e-3)
 
 
 def test_state_noise_perturbs_only_the_carried_state_and_is_a_function_of_the_seed():
-    torch.manual_seed(0)
-    model = build_looped(BackboneConfig(), RecipeConfig(), vocab_size=64).eval()
-    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
-    reads = torch.arange(10)
-    with torch.no_grad():
-        clean = model.iterate(ids, reads, 3, read="all").logits_KBQV
-        a = model.iterate(ids, reads, 3, read="all", state_noise=0.5, noise_seed=7).logits_KBQV
-        b = model.iterate(ids, reads, 3, read="all", state_noise=0.5, noise_seed=7).logits_KBQV
-        c = model.iterate(ids, reads, 3, read="all", state_noise=0.5, noise_seed=8).logits_KBQV
-        one = model.iterate(ids, reads, 1, read="all", state_noise=0.5, noise_seed=7).logits_KBQV
+    logits = _tiny_read_all(tokens=10)
+    clean = logits(3)
+    a, b = logits(3, state_noise=0.5, noise_seed=7), logits(3, state_noise=0.5, noise_seed=7)
+    c, one = logits(3, state_noise=0.5, noise_seed=8), logits(1, state_noise=0.5, noise_seed=7)
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert torch.equal(a[0], clean[0]) and torch.equal(one[0], clean[0])  # iteration 1 reads a clean state
     assert (a[1:] - clean[1:]).abs().max() > 1e-3
     with pytest.raises(ValueError, match="state_noise"):
-        model.iterate(ids, reads, 2, state_noise=-0.1)
+        logits(2, state_noise=-0.1)
     assert noise_seed(0, 5) == noise_seed(0, 5) != noise_seed(0, 6)
 
 
