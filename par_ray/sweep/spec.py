@@ -242,8 +242,9 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
         fixed[GPU_TYPES_KEY] = ",".join(opts.gpu_types)
     if opts.model_dir:
         fixed[MODEL_DIR_KEY] = opts.model_dir
-    if opts.smoke_test:
-        fixed.update(_flat_values(presets.smoke_overrides(presets.preset_trial(preset, backbones[0]))))
+    if opts.smoke_test:  # sized from the preset trial as the sweep sets it (its train depth and test grid)
+        base = from_flat(fixed_overrides(spec, preset), base=presets.preset_trial(preset, backbones[0]))
+        fixed.update(_flat_values(presets.smoke_overrides(base)))
     fixed.update(opts.overrides)  # the user's --set wins over the sweep's and the smoke test's values
     search = spec.search
     if search is not None:
