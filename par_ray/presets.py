@@ -103,6 +103,24 @@ def scaled_depths(depths: typing.Sequence[int], train_depth: int, new_train_dept
     return tuple(d // train_depth * new_train_depth for d in depths)
 
 
+LOCAL_CURRICULUM_DEPTH = 16
+"""d_train of :data:`LOCAL_CURRICULUM`: the length the curriculum ramps to."""
+LOCAL_CURRICULUM = {
+    "task.train_depth": LOCAL_CURRICULUM_DEPTH, "task.curriculum": (6, 11), "task.curriculum_steps": 500,
+    "recipe.state_noise": 0.1,
+    "train.steps": 1500, "train.eval_every": 1500, "train.checkpoint_every": 500,
+    "eval.depths": fine_depths(LOCAL_CURRICULUM_DEPTH, 8 * LOCAL_CURRICULUM_DEPTH),
+    "eval.num_sequences": 128, "eval.num_sequences_fine": 32, "eval.batch_size": 128,
+}
+"""A length curriculum at a local sweep's budget (docs/experiments.md §21, arm "c16 noise"): d_train ramps 6 → 11 → 16
+over 1,500 steps (500 per phase; the iterations before the gradient window run without autograd), state noise σ 0.1,
+tests on the fine grid to 8× (16 … 128: every depth to 32, then ratio ≤ 1.25; 128 sequences at 16 / 32 / 64 / 128
+and 32 at the 21 depths between).
+With :data:`LOCAL_LOOP_OPTIONS` and :data:`LOCAL_PROGRESS_OPTIONS` it read 0.85 / 0.56 / 0.13 at 1× / 2× / 4×, G 3
+(tiny-qwen3, seed 0) in ~15 min on one core of the reference machine; twice the steps reach G ≥ 4 on every seed
+(README Results) but cost twice that, over the local sweeps' budgets."""
+
+
 def local_trial(backbone: str = "tiny-qwen2", task: str = "swap_s5", seed: int = 0) -> TrialConfig:
     """The CPU default: d_train 6, tests on the fine grid to 48 (8×: every depth 6…12, then ratio ≤ 1.25,
     :func:`fine_depths`), AdamW 1e-3, batch 64, 3,000 steps, one process, float32.

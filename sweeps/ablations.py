@@ -6,16 +6,18 @@ fine-tuning stage on the last 10 % of the steps: position ids × s, s ~ U[1, s_m
 across the preset's backbones × seeds. Task: S5 under the ``paper`` preset (the paper's Table 7).
 
 The ``local`` preset asks the question a laptop can answer — does the method's progress alignment and anchoring move
-G? — in about 1.3 h (its dry run; not yet run): ``par``, ``no_anchor`` and ``final_answer`` on swap-S5 (the tiny CPU
-models stay near chance on S5, docs/experiments.md §11, §15), tiny-qwen3 × 3 seeds, 9 trials of 1,500 steps, tested on
-the fine grid 6 … 48.
+G? — on the recipe that extrapolates at CPU scale: ``par``, ``no_anchor`` and ``final_answer`` on swap-S5 (the tiny
+CPU models stay near chance on S5, docs/experiments.md §11, §15), tiny-qwen3 × 3 seeds, 9 trials of 1,500 steps on the
+length curriculum 6 → 11 → 16 with state noise σ 0.1 (``presets.LOCAL_CURRICULUM``), tested on the fine grid 16 … 128.
 All three share experiment 9's loop options (``presets.LOCAL_LOOP_OPTIONS``: slack iterations, adapter α, attention
-windows) and state noise σ 0.1 (§21); ``par`` and ``no_anchor`` add its progress-aligned part
-(``presets.LOCAL_PROGRESS_OPTIONS``: dense progress targets with a pending class, fixed-point loss, given prefixes),
-``final_answer`` trains z_d at every iteration instead (``presets.LOCAL_FINAL_OPTIONS``). Plain ``par`` at d_train 6
-falls off at 2× like every baseline (docs/experiments.md §15), so without these options every recipe reads the same G.
+windows); ``par`` and ``no_anchor`` add its progress-aligned part (``presets.LOCAL_PROGRESS_OPTIONS``: dense progress
+targets with a pending class, fixed-point loss, given prefixes), ``final_answer`` trains z_d at every iteration
+instead (``presets.LOCAL_FINAL_OPTIONS``). Without the curriculum every recipe falls off at 2× (docs/experiments.md
+§9, §15) and reads the same G. Time: the arms of §21 ran 14–15 min per trial two at a time on the reference 2-core
+machine, so about an hour for the 9 (``--dry-run``'s plan, 1.9 h, assumes a lower CPU MFU than these tiny models
+reach; the sweep has not been run end to end).
 
-    python sweeps/ablations.py                                  # local: 9 trials, --dry-run plans 1.3 h (not yet run)
+    python sweeps/ablations.py                                  # local: 9 trials, about an hour on 2 cores
     python sweeps/ablations.py --smoke-test --seeds 0
 """
 
@@ -23,7 +25,7 @@ import sys
 
 from par_ray import presets
 from par_ray.config import TrialConfig, with_overrides
-from par_ray.presets import LOCAL_FINAL_OPTIONS, LOCAL_LOOP_OPTIONS, LOCAL_PROGRESS_OPTIONS
+from par_ray.presets import LOCAL_CURRICULUM, LOCAL_FINAL_OPTIONS, LOCAL_LOOP_OPTIONS, LOCAL_PROGRESS_OPTIONS
 from par_ray.recipes import final_answer
 from par_ray.sweep import SweepSpec, main
 
@@ -40,10 +42,9 @@ LOCAL_TASK = "swap_s5"
 LOCAL_CELLS = tuple({"recipe": r, "task.name": LOCAL_TASK, **options} for r, options in (
     ("par", LOCAL_PROGRESS_OPTIONS), ("no_anchor", LOCAL_PROGRESS_OPTIONS), ("final_answer", LOCAL_FINAL_OPTIONS)))
 """The local comparison (module docstring): PAR against its two ablations that the paper reports as lowering G."""
-LOCAL_BUDGET = {**LOCAL_LOOP_OPTIONS, "recipe.state_noise": 0.1,
-                "train.steps": 1500, "train.eval_every": 1500, "train.checkpoint_every": 750}
-"""The local loop (``presets.LOCAL_LOOP_OPTIONS``) with state noise σ 0.1, which lifted the curriculum arm's curve at
-every depth (docs/experiments.md §21), and the budget: 1,500 steps, one evaluation at the end."""
+LOCAL_BUDGET = {**LOCAL_LOOP_OPTIONS, **LOCAL_CURRICULUM}
+"""The local loop (``presets.LOCAL_LOOP_OPTIONS``) on the length curriculum 6 → 11 → 16 with state noise σ 0.1
+(``presets.LOCAL_CURRICULUM``: 1,500 steps, one evaluation at the end on the fine grid 16 … 128)."""
 
 SPEC = SweepSpec(
     name="ablations",

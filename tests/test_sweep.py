@@ -113,6 +113,12 @@ def test_backbone_scaling_local_grid_is_two_tiny_families_times_three_seeds():
     plan = sweep.build_plan(_load(ROOT / "sweeps/backbone_scaling.py").SPEC, Options(preset="local"), "local")
     assert sorted((c.backbone.name, c.train.seed) for _, c in plan.trials) == [
         (b, s) for b in ("tiny-qwen2", "tiny-qwen3") for s in (0, 1, 2)]
+    # locally the best recipe that fits the budget: experiment 9's loop and progress options on the curriculum
+    for _, c in plan.trials:
+        assert (c.recipe.name, c.recipe.dense_targets, c.recipe.targets, c.recipe.fixed_point_weight,
+                c.recipe.state_noise, c.task.given_prefix, c.backbone.attention_window) == ("par", True, "done", 1.0,
+                                                                                            0.1, 12, 2)
+        assert (c.task.train_depth, c.task.curriculum, c.train.steps) == (16, (6, 11), 1500)
     # the paper preset picks the parallel strategy by size, with the planner: every trial fits 90 % of an 80 GB GPU
     from par_ray.planner import plan as plan_memory
 
@@ -574,16 +580,17 @@ def test_ablations_gain_the_stretch_stage():
 
 
 def test_local_ablations_compare_par_with_its_two_ablations_on_experiment_9s_loop():
-    """Issue 22: 9 trials (par, no_anchor, final_answer × 3 seeds, tiny-qwen3) that share the loop options; par and
-    no_anchor differ only in anchoring, final_answer trains z_d at every iteration without the progress-aligned
-    options; tested on the fine grid."""
+    """Issue 22: 9 trials (par, no_anchor, final_answer × 3 seeds, tiny-qwen3) that share the loop options and the
+    length curriculum 6 → 11 → 16; par and no_anchor differ only in anchoring, final_answer trains z_d at every
+    iteration without the progress-aligned options; tested on the fine grid 16 … 64."""
     plan = sweep.build_plan(_load(ROOT / "sweeps/ablations.py").SPEC, Options(preset="local"), "local")
     by = {(c.recipe.name, c.train.seed): c for _, c in plan.trials}
     assert sorted(by) == [(r, s) for r in ("final_answer", "no_anchor", "par") for s in (0, 1, 2)]
     for c in by.values():
         assert (c.backbone.name, c.backbone.attention_window, c.backbone.coda_window, c.backbone.adapter_alpha,
                 c.recipe.extra_iterations, c.recipe.state_noise, c.train.steps) == ("tiny-qwen3", 2, 8, 0.1, 3, 0.1, 1500)
-        assert c.eval.depths == presets.fine_depths(6, 48)
+        assert (c.task.train_depth, c.task.curriculum, c.task.curriculum_steps) == (16, (6, 11), 500)
+        assert c.eval.depths == presets.fine_depths(16, 128) and c.eval.sequences_at(17) < c.eval.sequences_at(32)
     par, no_anchor, final = by["par", 0], by["no_anchor", 0], by["final_answer", 0]
     assert par.recipe.anchoring and not no_anchor.recipe.anchoring and final.recipe.anchoring
     assert dataclasses.replace(no_anchor.recipe, anchoring=True, name="par") == par.recipe
