@@ -63,8 +63,8 @@ def test_smoke_sweep_is_one_parent_and_a_child_run_per_trial_over_http(smoke_swe
         assert tags["par_ray.recipe"] == "par" and tags["par_ray.task"] == "swap_s5" and tags["par_ray.trial_id"]
         assert len(tags["par_ray.git_commit"]) in (40, len("unknown"))
         assert params["backbone.name"] == tags["par_ray.backbone"] and params["train.seed"] == tags["par_ray.seed"]
-        assert params["train.steps"] == "4" and params["eval.depths"] == "6,12"
-        assert metrics["step"] == 4 and {"G", "G_censored", "acc_d6", "acc_d12", "loss", "chance"} <= metrics.keys()
+        assert params["train.steps"] == "4" and params["eval.depths"] == "16,32"
+        assert metrics["step"] == 4 and {"G", "G_censored", "acc_d16", "acc_d32", "loss", "chance"} <= metrics.keys()
         assert [m.step for m in client.get_metric_history(c.info.run_id, "loss")] == [2, 4]
         assert {a.path for a in client.list_artifacts(c.info.run_id)} == set(ARTIFACTS)
     # analysis ran on the parent run and logged its tables and figures there
