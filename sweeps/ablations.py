@@ -5,19 +5,20 @@ targets), ``final_no_anchor`` (anchoring off and final-answer targets) and ``str
 fine-tuning stage on the last 10 % of the steps: position ids × s, s ~ U[1, s_max], s_max ramped 1 → 8, §3.4), each
 across the preset's backbones × seeds. Task: S5 under the ``paper`` preset (the paper's Table 7).
 
-The ``local`` preset asks the question a laptop can answer — does the method's progress alignment and anchoring move
+The ``local`` preset asks the question a laptop can answer — do the method's progress alignment and anchoring move
 G? — on the recipe that extrapolates at CPU scale: ``par``, ``no_anchor`` and ``final_answer`` on swap-S5 (the tiny
 CPU models stay near chance on S5, docs/experiments.md §11, §15), tiny-qwen3 × 3 seeds, 9 trials of 1,500 steps on the
 length curriculum 6 → 11 → 16 with state noise σ 0.1 (``presets.LOCAL_CURRICULUM``), tested on the fine grid 16 … 128.
 All three share experiment 9's loop options (``presets.LOCAL_LOOP_OPTIONS``: slack iterations, adapter α, attention
-windows); ``par`` and ``no_anchor`` add its progress-aligned part (``presets.LOCAL_PROGRESS_OPTIONS``: dense progress
-targets with a pending class, fixed-point loss, given prefixes), ``final_answer`` trains z_d at every iteration
-instead (``presets.LOCAL_FINAL_OPTIONS``). Without the curriculum every recipe falls off at 2× (docs/experiments.md
-§9, §15) and reads the same G. Time: the arms of §21 ran 14–15 min per trial two at a time on the reference 2-core
-machine, so about an hour for the 9 (``--dry-run``'s plan, 1.9 h, assumes a lower CPU MFU than these tiny models
-reach; the sweep has not been run end to end).
+windows); ``par`` and ``no_anchor`` add its progress-aligned part without the fixed-point loss
+(:data:`ABLATION_PROGRESS_OPTIONS`), ``final_answer`` trains z_d at every iteration instead
+(``presets.LOCAL_FINAL_OPTIONS``). The fixed-point loss is par_ray's addition, not the paper's, and it does anchoring's
+job: with it on, ``no_anchor`` reads the same G as ``par`` (docs/experiments.md §22); with it off anchoring decides
+whether the state survives past d_train (§23: 0.38–0.46 against 0.00 at 2×). Without the curriculum every recipe
+falls off at 2× (§9, §15) and reads the same G. Time: ~17 min per trial two at a time on a 2-core machine (§23), so
+about 80 minutes for the 9 (``--dry-run`` plans 1.9 h: it assumes a lower CPU MFU than these tiny models reach).
 
-    python sweeps/ablations.py                                  # local: 9 trials, about an hour on 2 cores
+    python sweeps/ablations.py                                  # local: 9 trials, about 80 minutes on 2 cores
     python sweeps/ablations.py --smoke-test --seeds 0
 """
 
@@ -39,8 +40,12 @@ RECIPES = ("par", "no_anchor", "final_answer", "final_no_anchor", "stretch")
 PAPER_TASK = "s5"
 LOCAL_TASK = "swap_s5"
 """The local preset's task: the tiny models learn it on a CPU budget, which they do not on S5."""
+ABLATION_PROGRESS_OPTIONS = {**LOCAL_PROGRESS_OPTIONS, "recipe.fixed_point_weight": 0.0}
+"""The progress-aligned options of the local comparison: experiment 9's (``presets.LOCAL_PROGRESS_OPTIONS``) without
+the fixed-point loss, so that ``par`` is the paper's method on the local loop and ``no_anchor`` removes the one thing
+that keeps states bounded past d_train (docs/experiments.md §23)."""
 LOCAL_CELLS = tuple({"recipe": r, "task.name": LOCAL_TASK, **options} for r, options in (
-    ("par", LOCAL_PROGRESS_OPTIONS), ("no_anchor", LOCAL_PROGRESS_OPTIONS), ("final_answer", LOCAL_FINAL_OPTIONS)))
+    ("par", ABLATION_PROGRESS_OPTIONS), ("no_anchor", ABLATION_PROGRESS_OPTIONS), ("final_answer", LOCAL_FINAL_OPTIONS)))
 """The local comparison (module docstring): PAR against its two ablations that the paper reports as lowering G."""
 LOCAL_BUDGET = {**LOCAL_LOOP_OPTIONS, **LOCAL_CURRICULUM}
 """The local loop (``presets.LOCAL_LOOP_OPTIONS``) on the length curriculum 6 → 11 → 16 with state noise σ 0.1

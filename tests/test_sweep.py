@@ -581,8 +581,9 @@ def test_ablations_gain_the_stretch_stage():
 
 def test_local_ablations_compare_par_with_its_two_ablations_on_experiment_9s_loop():
     """Issue 22: 9 trials (par, no_anchor, final_answer × 3 seeds, tiny-qwen3) that share the loop options and the
-    length curriculum 6 → 11 → 16; par and no_anchor differ only in anchoring, final_answer trains z_d at every
-    iteration without the progress-aligned options; tested on the fine grid 16 … 64."""
+    length curriculum 6 → 11 → 16; par and no_anchor differ only in anchoring (both without the fixed-point loss, which
+    does anchoring's job), final_answer trains z_d at every iteration without the progress-aligned options; tested on
+    the fine grid 16 … 128."""
     plan = sweep.build_plan(_load(ROOT / "sweeps/ablations.py").SPEC, Options(preset="local"), "local")
     by = {(c.recipe.name, c.train.seed): c for _, c in plan.trials}
     assert sorted(by) == [(r, s) for r in ("final_answer", "no_anchor", "par") for s in (0, 1, 2)]
@@ -595,6 +596,7 @@ def test_local_ablations_compare_par_with_its_two_ablations_on_experiment_9s_loo
     assert par.recipe.anchoring and not no_anchor.recipe.anchoring and final.recipe.anchoring
     assert dataclasses.replace(no_anchor.recipe, anchoring=True, name="par") == par.recipe
     assert (par.recipe.dense_targets, par.recipe.targets, par.task.given_prefix) == (True, "done", 12)
+    assert par.recipe.fixed_point_weight == no_anchor.recipe.fixed_point_weight == final.recipe.fixed_point_weight == 0
     assert (final.recipe.dense_targets, final.recipe.targets, final.task.given_prefix) == (False, "final", 0)
 
 
