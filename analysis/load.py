@@ -137,7 +137,8 @@ class SweepFrames:
 
 def config_labels(records: list[dict]) -> list[str]:
     """The ``config`` of each record: ``"key=value"`` pairs, sorted by key and joined by ``", "``, of every param that
-    varies between records of the same (task, backbone, recipe) tags, except :data:`SEED_PARAMS`.
+    varies between records of the same (task, backbone, recipe) tags, except :data:`SEED_PARAMS` and the cost plan's
+    ``cost.*`` params (predictions made from the config, which differ between seeds of one configuration).
 
     Params fixed by the tags (a backbone's sizes, a recipe's anchoring) and params equal in every trial are left out,
     so a grid sweep gets ``""`` everywhere and an Optuna search gets its sampled knobs (e.g.
@@ -147,7 +148,8 @@ def config_labels(records: list[dict]) -> list[str]:
     def group(r: dict) -> tuple:
         return tuple(r["tags"].get(_TAGS[k]) for k in TRIAL_KEYS if k in _TAGS)
 
-    keys = sorted({k for r in records for k in r["params"]} - set(SEED_PARAMS))
+    keys = sorted(k for k in {k for r in records for k in r["params"]} - set(SEED_PARAMS)
+                  if not k.startswith(tracking_schema.COST_PARAM_PREFIX))
     seen: dict[tuple, dict[str, set]] = {}
     for r in records:
         by_key = seen.setdefault(group(r), {})

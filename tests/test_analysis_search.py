@@ -65,6 +65,17 @@ def test_grid_sweep_has_empty_config():
     assert "config" not in tables.main_results(summary).frame.columns
 
 
+def test_the_cost_plan_is_not_part_of_a_config():
+    """The plan's ``cost.*`` params are predictions from the config (they can differ between seeds of one
+    configuration, e.g. through the curriculum's sampled depths); they never split seeds into separate rows."""
+    records = [_record(i, "par", backbone, seed, (1.0, 0.5, 0.0, 0.0),
+                       {"cost.planned_flops": f"5.{i}e+13", "cost.planned_wall_hours": f"0.4{i}"})
+               for i, (backbone, seed) in enumerate((b, s) for b in ("tiny-qwen2", "tiny-qwen3") for s in (0, 1, 2))]
+    assert load.config_labels(records) == [""] * len(records)
+    summary = aggregate.summarize(load.frames_from_trials(load.trials_frame(records)), n_boot=50)
+    assert summary.G.get_column("n").to_list() == [3, 3]
+
+
 def test_each_searched_configuration_is_its_own_group(search_summary):
     g = search_summary.G
     assert g.height == 3
