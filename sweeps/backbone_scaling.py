@@ -2,8 +2,8 @@
 
 Presets: ``paper`` — S5 as the paper's Table 2, the seven Qwen2.5 / Qwen3 sizes, d_train 16, evaluated to 16×
 (256), DDP / FSDP / DeepSpeed by size; ``local`` — swap-S5 (:data:`LOCAL_TASK`), tiny-qwen2 and tiny-qwen3 × 3
-seeds on the best from-scratch recipe that fits ~45 minutes on 2 cores (:data:`LOCAL_RECIPE`: the length curriculum
-6 → 11 → 16, 1,500 steps), evaluated on the fine grid to 8× the train length: at CPU scale the tiny models stay near
+seeds on the best from-scratch recipe that fits about an hour on 2 cores (:data:`LOCAL_RECIPE`: the length
+curriculum 6 → 11 → 16, 1,500 steps; 64.5 min measured, docs/experiments.md §23), evaluated on the fine grid to 8× the train length: at CPU scale the tiny models stay near
 chance on S5 (docs/experiments.md §11, §15), so the local preset keeps the task they learn; ``auto`` (default) —
 paper on a GPU cluster, else local.
 
@@ -21,9 +21,10 @@ PAPER_TASK = "s5"
 LOCAL_TASK = "swap_s5"
 """The local preset's task: the tiny models learn it on a CPU budget, which they do not on S5."""
 LOCAL_RECIPE = {**LOCAL_LOOP_OPTIONS, **LOCAL_PROGRESS_OPTIONS, **LOCAL_CURRICULUM}
-"""The local preset's recipe: the best from-scratch recipe that fits the sweep's 45 minutes on 2 cores — experiment
+"""The local preset's recipe: the best from-scratch recipe at half the steps of the one that reaches G ≥ 4 — experiment
 9's loop and progress options on the length curriculum 6 → 11 → 16 with state noise (docs/experiments.md §21, "c16
-noise"), 1,500 steps, tests on the fine grid 16 … 128."""
+noise"), 1,500 steps, tests on the fine grid 16 … 128. The sweep took 64.5 min on 2 cores (§23): 6 trials of
+19–23 min, two at a time."""
 
 SPEC = SweepSpec(
     name="backbone_scaling",
