@@ -67,7 +67,8 @@ def test_grid_sweep_has_empty_config():
 
 def test_the_cost_plan_is_not_part_of_a_config():
     """The plan's ``cost.*`` params are predictions from the config (they can differ between seeds of one
-    configuration, e.g. through the prompt lengths the plan samples with the trial's seed); they never split seeds into separate rows."""
+    configuration, e.g. through the prompt lengths the plan samples with the trial's seed); they never split seeds
+    into separate rows."""
     records = [_record(i, "par", backbone, seed, (1.0, 0.5, 0.0, 0.0),
                        {"cost.planned_flops": f"5.{i}e+13", "cost.planned_wall_hours": f"0.4{i}"})
                for i, (backbone, seed) in enumerate((b, s) for b in ("tiny-qwen2", "tiny-qwen3") for s in (0, 1, 2))]
