@@ -148,8 +148,8 @@ def config_labels(records: list[dict]) -> list[str]:
     def group(r: dict) -> tuple:
         return tuple(r["tags"].get(_TAGS[k]) for k in TRIAL_KEYS if k in _TAGS)
 
-    keys = sorted(k for k in {k for r in records for k in r["params"]} - set(SEED_PARAMS)
-                  if not k.startswith(tracking_schema.COST_PARAM_PREFIX))
+    keys = sorted(k for k in {k for r in records for k in r["params"]}
+                  if k not in SEED_PARAMS and not k.startswith(tracking_schema.COST_PARAM_PREFIX))
     seen: dict[tuple, dict[str, set]] = {}
     for r in records:
         by_key = seen.setdefault(group(r), {})

@@ -14,7 +14,7 @@ windows); ``par`` and ``no_anchor`` add its progress-aligned part without the fi
 (:data:`ABLATION_PROGRESS_OPTIONS`), ``final_answer`` trains z_d at every iteration instead
 (``presets.LOCAL_FINAL_OPTIONS``). The fixed-point loss is par_ray's addition, not the paper's, and it does anchoring's
 job: with it on, ``no_anchor`` reads the same G as ``par`` (docs/experiments.md §22); with it off anchoring decides
-whether the state survives past d_train (§23: 0.38–0.46 against 0.00 at 2×). Without the curriculum every recipe
+whether the state survives past d_train (§23, 3 seeds: 0.36–0.59 against 0.00–0.02 at 2×). Without the curriculum every recipe
 falls off at 2× (§9, §15) and reads the same G. Time: ~17 min per trial two at a time on a 2-core machine (§23), so
 about 80 minutes for the 9 (``--dry-run`` plans 1.9 h: it assumes a lower CPU MFU than these tiny models reach).
 
@@ -45,7 +45,8 @@ ABLATION_PROGRESS_OPTIONS = {**LOCAL_PROGRESS_OPTIONS, "recipe.fixed_point_weigh
 the fixed-point loss, so that ``par`` is the paper's method on the local loop and ``no_anchor`` removes the one thing
 that keeps states bounded past d_train (docs/experiments.md §23)."""
 LOCAL_CELLS = tuple({"recipe": r, "task.name": LOCAL_TASK, **options} for r, options in (
-    ("par", ABLATION_PROGRESS_OPTIONS), ("no_anchor", ABLATION_PROGRESS_OPTIONS), ("final_answer", LOCAL_FINAL_OPTIONS)))
+    ("par", ABLATION_PROGRESS_OPTIONS), ("no_anchor", ABLATION_PROGRESS_OPTIONS),
+    ("final_answer", LOCAL_FINAL_OPTIONS)))
 """The local comparison (module docstring): PAR against its two ablations that the paper reports as lowering G."""
 LOCAL_BUDGET = {**LOCAL_LOOP_OPTIONS, **LOCAL_CURRICULUM}
 """The local loop (``presets.LOCAL_LOOP_OPTIONS``) on the length curriculum 6 → 11 → 16 with state noise σ 0.1

@@ -2,8 +2,8 @@
 
 Presets: ``paper`` — S5 as the paper's Table 2, the seven Qwen2.5 / Qwen3 sizes, d_train 16, evaluated to 16×
 (256), DDP / FSDP / DeepSpeed by size; ``local`` — swap-S5 (:data:`LOCAL_TASK`), tiny-qwen2 and tiny-qwen3 × 3
-seeds on the best from-scratch recipe that fits about an hour on 2 cores (:data:`LOCAL_RECIPE`: the length
-curriculum 6 → 11 → 16, 1,500 steps; 64.5 min measured, docs/experiments.md §23), evaluated on the fine grid to 8× the train length: at CPU scale the tiny models stay near
+seeds on the best from-scratch recipe at about an hour on 2 cores (:data:`LOCAL_RECIPE`: the length curriculum
+6 → 11 → 16, 1,500 steps), evaluated on the fine grid to 8× the train length: at CPU scale the tiny models stay near
 chance on S5 (docs/experiments.md §11, §15), so the local preset keeps the task they learn; ``auto`` (default) —
 paper on a GPU cluster, else local.
 
