@@ -111,11 +111,13 @@ LOCAL_CURRICULUM = {
     "train.steps": 1500, "train.eval_every": 1500, "train.checkpoint_every": 500,
     "eval.depths": fine_depths(LOCAL_CURRICULUM_DEPTH, 8 * LOCAL_CURRICULUM_DEPTH),
     "eval.num_sequences": 128, "eval.num_sequences_fine": 32, "eval.batch_size": 128,
+    "train.compile": True,
 }
 """A length curriculum at a local sweep's budget (docs/experiments.md §21, arm "c16 noise"): d_train ramps 6 → 11 → 16
 over 1,500 steps (500 per phase; the iterations before the gradient window run without autograd), state noise σ 0.1,
 tests on the fine grid to 8× (16 … 128: every depth to 32, then ratio ≤ 1.25; 128 sequences at 16 / 32 / 64 / 128
-and 32 at the 21 depths between).
+and 32 at the 21 depths between), decoder layers compiled (``train.compile``: a step at d_train 16 ~20 % faster
+after a one-time compile of ~1 min per trial, the same math up to float round-off; docs/experiments.md §25).
 With :data:`LOCAL_LOOP_OPTIONS` and :data:`LOCAL_PROGRESS_OPTIONS` it read 0.85 / 0.56 / 0.13 at 1× / 2× / 4×, G 3
 (tiny-qwen3, seed 0) in ~15 min on one core of the reference machine; twice the steps reach G ≥ 4 on every seed
 (README Results) but cost twice that, over the local sweeps' budgets."""
@@ -297,12 +299,13 @@ def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 
 def smoke_overrides(cfg: TrialConfig) -> dict[str, object]:
     """Flat overrides that turn a preset trial into a smoke test: 4 steps of 8 sequences, the first two test depths
     of the doublings d_train × 1, 2, 4 … (``EvalConfig.coarse_depths``: a fine grid's 1× and 2×) with 16 sequences
-    each, evaluation, report and checkpoint every 2 steps (so every report carries G)."""
+    each, evaluation, report and checkpoint every 2 steps (so every report carries G), eager layers (4 steps never
+    repay a compile)."""
     coarse = cfg.eval.coarse_depths()
     depths = (coarse if len(coarse) >= 2 else cfg.eval.depths)[:2]
     return {
         "train.steps": 4, "train.batch_size": 8, "train.warmup_steps": 1, "train.eval_every": 2,
         "train.report_every": 2, "train.checkpoint_every": 2,
         "eval.depths": ",".join(str(d) for d in depths), "eval.num_sequences": 16, "eval.batch_size": 16,
-        "eval.num_sequences_fine": 0,
+        "eval.num_sequences_fine": 0, "train.compile": False,
     }
