@@ -23,8 +23,8 @@ LOCAL_TASK = "swap_s5"
 LOCAL_RECIPE = {**LOCAL_LOOP_OPTIONS, **LOCAL_PROGRESS_OPTIONS, **LOCAL_CURRICULUM}
 """The local preset's recipe: the best from-scratch recipe at half the steps of the one that reaches G ≥ 4 — experiment
 9's loop and progress options on the length curriculum 6 → 11 → 16 with state noise (docs/experiments.md §21, "c16
-noise"), 1,500 steps, tests on the fine grid 16 … 128. The sweep took 64.5 min on 2 cores (§23): 6 trials of
-19–23 min, two at a time."""
+noise"), 1,500 steps, tests on the fine grid 16 … 128, layers compiled (``train.compile``). The sweep took 64.5 min
+on 2 cores with eager layers (§23): 6 trials of 19–23 min, two at a time; compiling takes ~10 % off a trial (§25)."""
 
 SPEC = SweepSpec(
     name="backbone_scaling",
