@@ -110,7 +110,8 @@ def test_an_untied_7b_trial_gets_more_gpus_than_its_par_base_trial():
 
 
 def test_backbone_scaling_local_grid_is_two_tiny_families_times_three_seeds():
-    plan = sweep.build_plan(_load(ROOT / "sweeps/backbone_scaling.py").SPEC, Options(preset="local"), "local")
+    spec = _load(ROOT / "sweeps/backbone_scaling.py").SPEC
+    plan = sweep.build_plan(spec, Options(preset="local"), "local")
     assert sorted((c.backbone.name, c.train.seed) for _, c in plan.trials) == [
         (b, s) for b in ("tiny-qwen2", "tiny-qwen3") for s in (0, 1, 2)]
     # locally the best recipe that fits the budget: experiment 9's loop and progress options on the curriculum
@@ -120,13 +121,12 @@ def test_backbone_scaling_local_grid_is_two_tiny_families_times_three_seeds():
                                                                                             0.1, 12, 2)
         assert (c.task.train_depth, c.task.curriculum, c.train.steps) == (16, (6, 11), 1500)
         assert c.train.compile  # the local sweeps compile their decoder layers (docs/experiments.md §25) ...
-    smoke = sweep.build_plan(_load(ROOT / "sweeps/backbone_scaling.py").SPEC, Options(preset="local", smoke_test=True),
-                             "local")
+    smoke = sweep.build_plan(spec, Options(preset="local", smoke_test=True), "local")
     assert not any(c.train.compile for _, c in smoke.trials)  # ... but not for a smoke test's 4 steps
     # the paper preset picks the parallel strategy by size, with the planner: every trial fits 90 % of an 80 GB GPU
     from par_ray.planner import plan as plan_memory
 
-    paper = sweep.build_plan(_load(ROOT / "sweeps/backbone_scaling.py").SPEC, Options(preset="paper"), "paper")
+    paper = sweep.build_plan(spec, Options(preset="paper"), "paper")
     strategy = {c.backbone.name: (c.train.strategy, c.train.num_workers) for _, c in paper.trials}
     assert strategy["qwen2.5-0.5b"] == ("ddp", 1)
     assert strategy["qwen2.5-7b"][0] in ("fsdp", "deepspeed") and strategy["qwen2.5-7b"][1] >= 2
