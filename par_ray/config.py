@@ -191,6 +191,13 @@ class RecipeConfig:
     """Random position offsets in training (as Abacus embeddings, McLeish et al. 2024): every position id of a step
     is shifted by o ~ U{0 .. position_offset}, one draw per step, so training sees the rotary phases of longer test
     prompts. Evaluation uses o = 0. 0 = off; a par_ray option."""
+    read_every: int = 1
+    """Read out (and supervise) every n-th iteration of the gradient window, counting back from R: iterations R,
+    R − n, R − 2n, … ≥ the window's first. Each read-out runs the coda on every token, about as much work as a core
+    iteration, so n = 2 takes about half the read-out's forward and backward off a step; the slack iterations
+    (``extra_iterations``) make R − k's parity vary from step to step, so every iteration index is still supervised
+    across steps. Iterations keep their progress-aligned targets z_min(ck, d). 1 = every iteration of the window
+    (the paper's); a par_ray option for the local sweeps' budget (docs/experiments.md §26)."""
 
 
 @dataclass(frozen=True)
@@ -472,6 +479,11 @@ def config_errors(cfg: TrialConfig) -> list[str]:
               lambda: (f"must be >= ceil(task.train_depth / recipe.ops_per_iteration) = "
                        f"{-(-t.train_depth // max(r.ops_per_iteration, 1))}, got {r.max_iterations}"))
     one_of("recipe.supervise", SUPERVISE)
+    at_least("recipe.read_every", 1, " (1 = every iteration of the gradient window)")
+    if "recipe.read_every" not in bad and r.read_every > 1:
+        check("recipe.read_every recipe.supervise", lambda: r.supervise == "window",
+              f"reads every n-th iteration of the gradient window: needs recipe.supervise='window', got "
+              f"{r.supervise!r}")
     if fixed:
         check("recipe.depth_schedule", lambda: r.depth_schedule == "forced",
               f"recipe.fixed_iterations={r.fixed_iterations} runs the same R at every step; use 'forced' "

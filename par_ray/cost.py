@@ -23,8 +23,8 @@ and one pass of ``LoopedLM.iterate`` with R iterations, n of them read out at Q 
 
 A training step (``par_ray.train.step``) runs that forward; backward costs twice the forward of everything that ran
 with autograd: the prelude, the K = min(grad_window, R) iterations of the gradient window and every readout
-(iterations before the window ran under ``no_grad``). ``supervise="window"`` reads the K window iterations,
-``"last"`` only iteration R. Prefix self-distillation adds the teacher's no-grad forward, for every window iteration
+(iterations before the window ran under ``no_grad``). ``supervise="window"`` reads the K window iterations (every
+``read_every``-th of them, counting back from R), ``"last"`` only iteration R. Prefix self-distillation adds the teacher's no-grad forward, for every window iteration
 k with c·k < d, of the prompt truncated after c·k operations, R = k, one readout (``par_ray.distill``; an EMA and a
 live teacher cost the same). Learned halting appends one token and one read position; dense targets read the d
 operation positions too; chain-of-thought trains on prompt + trace (``par_ray.cot``). Per step, the FLOPs are the
@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 from par_ray.hardware import Table, load_table
 from par_ray.planner import ModelShape, model_shape
-from par_ray.schedules import curriculum_phases, iterations_at
+from par_ray.schedules import curriculum_phases, iterations_at, supervised_iterations
 from par_ray.tracking_schema import cost_param
 
 if typing.TYPE_CHECKING:
@@ -219,11 +219,11 @@ def step_flops(cfg: TrialConfig, rc: RecipeConfig, shape: ModelShape, depth: int
     reads = Q + (ops if rc.dense_targets else 0)
     conv = cfg.backbone.position_scheme == "conv"
     K = min(rc.grad_window, R)
-    n_read = 1 if rc.supervise == "last" else K
-    per_seq = train_flops(shape, T, reads, R, rc.grad_window, n_read, conv)
+    read_iterations = supervised_iterations(rc, R)
+    per_seq = train_flops(shape, T, reads, R, rc.grad_window, len(read_iterations), conv)
     if rc.distill != "none":
         w = op_width or 0
-        for k in range(R - K + 1, R + 1):
+        for k in read_iterations:
             if rc.ops_per_iteration * k < depth:  # distilled: the teacher reads the prompt cut after c·k operations
                 per_seq += forward_flops(shape, T - (depth - rc.ops_per_iteration * k) * w, Q - halt, k, 1, conv)
     return per_seq * cfg.train.batch_size

@@ -15,6 +15,7 @@ replays exactly the schedule it would have seen. Streams are separated with ``nu
 - random position offsets (``recipe.position_offset`` = M): o ~ U{0 .. M} added to every position id of the step.
 - positional stretch (§3.4): s ~ U[1, s_max] per step (s_max = 1 disables it); in the paper's stretch stage s_max
   itself is ramped linearly from 1 to ``stretch_max`` over the stage (:func:`stretch_cap`).
+- supervised iterations (:func:`supervised_iterations`): which of a step's R iterations are read out and trained.
 """
 
 from __future__ import annotations
@@ -75,6 +76,18 @@ def curriculum_depth(task_cfg, step: int) -> int:
 def noise_seed(seed: int, step: int) -> int:
     """Seed of step ``step``'s state-noise generator (``recipe.state_noise``): a pure function of (seed, step)."""
     return int(np.random.SeedSequence([_NOISE_STREAM, seed, step]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def supervised_iterations(recipe_cfg, R: int) -> tuple[int, ...]:
+    """The iterations (1-based, ascending) a training step of ``R`` iterations reads out and supervises.
+
+    ``recipe.supervise="window"``: every ``read_every``-th iteration of the gradient window counting back from R
+    (R, R − n, … ≥ R − min(grad_window, R) + 1; n = 1 is the paper's whole window); ``"last"``: (R,).
+    """
+    if recipe_cfg.supervise == "last":
+        return (R,)
+    first = R - min(recipe_cfg.grad_window, R) + 1
+    return tuple(range(R, first - 1, -recipe_cfg.read_every))[::-1]
 
 
 def plan_step(task_cfg, recipe_cfg, seed: int, step: int, stretch_max: float | None = None) -> StepPlan:

@@ -9,7 +9,7 @@ import torch
 
 from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, from_flat, to_flat
 from par_ray.model.looped import build_looped
-from par_ray.schedules import curriculum_depth, noise_seed, plan_step
+from par_ray.schedules import curriculum_depth, noise_seed, plan_step, supervised_iterations
 from par_ray.tasks import build_task
 from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
@@ -120,12 +120,49 @@ def test_a_step_with_every_long_problem_option_trains_and_is_reproducible():
     assert all(r.plan.R == len(r.state_rms) for r in first)  # the model ran the plan's (progressive) R
 
 
+def test_read_every_supervises_every_nth_window_iteration_counting_back_from_R():
+    window = RecipeConfig(grad_window=8)
+    assert supervised_iterations(window, 17) == tuple(range(10, 18))  # the paper's: the whole window
+    assert supervised_iterations(dataclasses.replace(window, read_every=2), 17) == (11, 13, 15, 17)
+    assert supervised_iterations(dataclasses.replace(window, read_every=3), 5) == (2, 5)  # R < window: all R count
+    assert supervised_iterations(RecipeConfig(supervise="last", fixed_iterations=4), 4) == (4,)
+
+
+def test_a_step_with_read_every_reads_out_only_those_iterations():
+    """The forward reads (and the loss supervises) the iterations :func:`supervised_iterations` names, nothing else:
+    the step's profile counts one ``par_ray.readout`` per read iteration, and the loss is finite and reproducible."""
+    torch.set_num_threads(1)
+    task_cfg = TaskConfig(train_depth=6, min_train_depth=6)
+    recipe = RecipeConfig(dense_targets=True, dense_pending=True, grad_window=6, read_every=2,
+                          fixed_point_weight=1.0)
+    cfg = validate(TrialConfig(task=task_cfg, recipe=recipe))
+    task = build_task(task_cfg, train=True)
+    from par_ray.trial import resolve
+    vocab = resolve(cfg).vocab
+
+    def run():
+        torch.manual_seed(0)
+        model = build_looped(BackboneConfig(), recipe, vocab_size=vocab.size)
+        engine = prepare(model, TrainConfig(batch_size=4, warmup_steps=0), World())
+        loss_fn = build_step_loss(recipe, task, dense_offset=vocab.dense_offset)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            result = train_step(engine, task, task_cfg, loss_fn, 0, 0, 4)
+        reads = sum(e.count for e in prof.key_averages() if e.key == "par_ray.readout")
+        return result, reads
+
+    (first, reads), (again, _) = run(), run()
+    assert first.plan.R == 6 and reads == len(supervised_iterations(recipe, 6)) == 3
+    assert math.isfinite(first.loss) and first.loss == again.loss
+
+
 @pytest.mark.parametrize("field, value, match", [
     ("task", dict(curriculum=(4, 4), curriculum_steps=10, train_depth=8), "task.curriculum"),
     ("task", dict(curriculum=(4, 8), curriculum_steps=10, train_depth=8), "task.curriculum"),
     ("task", dict(curriculum=(4,), curriculum_steps=0, train_depth=8), "task.curriculum_steps"),
     ("recipe", dict(state_noise=-0.5), "recipe.state_noise"),
     ("recipe", dict(position_offset=-1), "recipe.position_offset"),
+    ("recipe", dict(read_every=0), "recipe.read_every"),
+    ("recipe", dict(read_every=2, fixed_iterations=4, supervise="last"), "recipe.read_every"),
     ("recipe", dict(progressive_loss=True, fixed_iterations=4, supervise="last"), "recipe.progressive_loss"),
 ])
 def test_bad_values_are_refused_naming_the_field(field, value, match):
@@ -137,7 +174,7 @@ def test_bad_values_are_refused_naming_the_field(field, value, match):
 
 def test_the_new_fields_round_trip_through_the_flat_form():
     cfg = TrialConfig(task=CURRICULUM, recipe=RecipeConfig(progressive_loss=True, state_noise=0.2, position_offset=3,
-                                                           max_iterations=64))
+                                                           max_iterations=64, read_every=2))
     flat = to_flat(cfg)
     assert flat["task.curriculum"] == "4,8,16" and to_flat(TrialConfig())["task.curriculum"] == "none"
     assert from_flat({k: str(v) for k, v in flat.items()}) == cfg
@@ -155,8 +192,9 @@ def test_iterations_before_the_gradient_window_are_labelled_for_the_profiler():
 
 
 def test_the_cost_plan_follows_the_curriculum_and_the_progressive_cut():
-    """``par_ray.cost``: a curriculum's early phases draw shorter problems and the progressive loss runs fewer
-    iterations, so both plan fewer FLOPs than the same trial at d_train throughout; the R distribution stays a pmf."""
+    """``par_ray.cost``: a curriculum's early phases draw shorter problems, the progressive loss runs fewer
+    iterations and ``read_every`` reads fewer, so each plans fewer FLOPs than the same trial at d_train throughout;
+    the R distribution stays a pmf."""
     from par_ray import cost
 
     def trial(task=TaskConfig(train_depth=16), **recipe):
@@ -166,7 +204,8 @@ def test_the_cost_plan_follows_the_curriculum_and_the_progressive_cut():
     plain = cost.trial_flops(trial()).train
     curriculum = cost.trial_flops(trial(TaskConfig(train_depth=16, curriculum=(4, 8), curriculum_steps=100))).train
     progressive = cost.trial_flops(trial(progressive_loss=True)).train
-    assert curriculum < plain and progressive < plain
+    every_other = cost.trial_flops(trial(read_every=2)).train
+    assert curriculum < plain and progressive < plain and every_other < plain
     for _, pmf in cost._schedule(TaskConfig(train_depth=16), RecipeConfig(grad_window=4, progressive_loss=True,
                                                                           extra_iterations=2)):
         assert sum(pmf.values()) == pytest.approx(1.0) and min(pmf) >= 1

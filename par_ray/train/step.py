@@ -38,7 +38,7 @@ import torch
 from par_ray.distill import psd_loss, teacher_logits
 from par_ray.halting import HaltTokens, with_halt_query, yes_no_logits
 from par_ray.objectives import dense_progress_loss, fixed_point_loss, halting_loss, par_loss
-from par_ray.schedules import StepPlan, noise_seed, plan_step
+from par_ray.schedules import StepPlan, noise_seed, plan_step, supervised_iterations
 from par_ray.tasks.common import Episode
 
 
@@ -111,7 +111,7 @@ class AnswerTerm:
         r = self.recipe
         if r.distill == "none":
             return None
-        window = range(batch.plan.R - min(r.grad_window, batch.plan.R) + 1, batch.plan.R + 1)  # "window" reads
+        window = supervised_iterations(r, batch.plan.R)
         return teacher_logits(engine.teacher(r.distill), batch.ids_BT, batch.reads_Q[:batch.n_answers], window,
                               batch.plan.depth, r.ops_per_iteration, self.task.op_width, self.op_order,
                               batch.plan.stretch)
@@ -246,8 +246,9 @@ def train_step(engine, task, task_cfg, loss_fn: StepLoss, seed: int, step: int, 
                           engine.device)
     targets = loss_fn.answers.teacher_targets(engine, batch)  # before the student's forward, without gradient
     with engine.autocast():
-        # ``supervise``: every iteration of the gradient window (PAR) or only the last (the final-answer baselines)
-        out = engine.model(batch.ids_BT, batch.reads_Q, plan.R, recipe.grad_window, plan.stretch, recipe.supervise,
+        # every (read_every-th) iteration of the gradient window (PAR) or only the last (the final-answer baselines)
+        out = engine.model(batch.ids_BT, batch.reads_Q, plan.R, recipe.grad_window, plan.stretch,
+                           supervised_iterations(recipe, plan.R),
                            loss_fn.state_change, position_offset=plan.position_offset,
                            state_noise=recipe.state_noise,
                            noise_seed=noise_seed(seed, step) if recipe.state_noise else None)
