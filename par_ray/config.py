@@ -192,12 +192,12 @@ class RecipeConfig:
     is shifted by o ~ U{0 .. position_offset}, one draw per step, so training sees the rotary phases of longer test
     prompts. Evaluation uses o = 0. 0 = off; a par_ray option."""
     read_every: int = 1
-    """Read out (and supervise) every n-th iteration of the gradient window, counting back from R: iterations R,
-    R − n, R − 2n, … ≥ the window's first. Each read-out runs the coda on every token, about as much work as a core
-    iteration, so n = 2 takes about half the read-out's forward and backward off a step; the slack iterations
-    (``extra_iterations``) make R − k's parity vary from step to step, so every iteration index is still supervised
-    across steps. Iterations keep their progress-aligned targets z_min(ck, d). 1 = every iteration of the window
-    (the paper's); a par_ray option for the local sweeps' budget (docs/experiments.md §26)."""
+    """Read out (and supervise) every n-th iteration of the gradient window, counted from the iteration the step's
+    problem finishes at, ⌈d/c⌉ (the one evaluation reads; ``par_ray.schedules.supervised_iterations``), so that one
+    is supervised at every step and the slack iterations past it at every n-th. Each read-out runs the coda on every
+    token, about as much work as a core iteration, so n = 2 takes about half the read-out's forward and backward off
+    a step. Iterations keep their progress-aligned targets z_min(ck, d). 1 = every iteration of the window (the
+    paper's); at most ``grad_window``; a par_ray option (docs/experiments.md §26)."""
 
 
 @dataclass(frozen=True)
@@ -484,6 +484,10 @@ def config_errors(cfg: TrialConfig) -> list[str]:
         check("recipe.read_every recipe.supervise", lambda: r.supervise == "window",
               f"reads every n-th iteration of the gradient window: needs recipe.supervise='window', got "
               f"{r.supervise!r}")
+        if "recipe.grad_window" not in bad:
+            check("recipe.read_every recipe.grad_window", lambda: r.read_every <= r.grad_window,
+                  f"reads every n-th iteration of the gradient window: must be <= recipe.grad_window="
+                  f"{r.grad_window}, got {r.read_every}")
     if fixed:
         check("recipe.depth_schedule", lambda: r.depth_schedule == "forced",
               f"recipe.fixed_iterations={r.fixed_iterations} runs the same R at every step; use 'forced' "

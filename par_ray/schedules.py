@@ -78,16 +78,20 @@ def noise_seed(seed: int, step: int) -> int:
     return int(np.random.SeedSequence([_NOISE_STREAM, seed, step]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def supervised_iterations(recipe_cfg, R: int) -> tuple[int, ...]:
-    """The iterations (1-based, ascending) a training step of ``R`` iterations reads out and supervises.
+def supervised_iterations(recipe_cfg, R: int, depth: int) -> tuple[int, ...]:
+    """The iterations (1-based, ascending) a training step of ``R`` iterations on depth-``depth`` problems reads out
+    and supervises.
 
-    ``recipe.supervise="window"``: every ``read_every``-th iteration of the gradient window counting back from R
-    (R, R − n, … ≥ R − min(grad_window, R) + 1; n = 1 is the paper's whole window); ``"last"``: (R,).
+    ``recipe.supervise="window"``: the iterations k of the gradient window (R − min(grad_window, R) + 1 … R) with
+    k ≡ ⌈d/c⌉ (mod ``read_every``), counted from the iteration the problem finishes at, ⌈d/c⌉ (or R if that is
+    smaller): the one evaluation reads, so it is supervised at every step whatever the slack. ``read_every`` = 1 is
+    the paper's whole window. ``"last"``: (R,).
     """
     if recipe_cfg.supervise == "last":
         return (R,)
     first = R - min(recipe_cfg.grad_window, R) + 1
-    return tuple(range(R, first - 1, -recipe_cfg.read_every))[::-1]
+    done = min(iterations_at(depth, recipe_cfg.ops_per_iteration, recipe_cfg.fixed_iterations), R)
+    return tuple(k for k in range(first, R + 1) if (k - done) % recipe_cfg.read_every == 0)
 
 
 def plan_step(task_cfg, recipe_cfg, seed: int, step: int, stretch_max: float | None = None) -> StepPlan:

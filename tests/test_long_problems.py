@@ -120,12 +120,18 @@ def test_a_step_with_every_long_problem_option_trains_and_is_reproducible():
     assert all(r.plan.R == len(r.state_rms) for r in first)  # the model ran the plan's (progressive) R
 
 
-def test_read_every_supervises_every_nth_window_iteration_counting_back_from_R():
+def test_read_every_supervises_every_nth_window_iteration_counted_from_the_done_iteration():
+    """Every n-th iteration of the gradient window, in phase with ⌈d/c⌉ (the iteration evaluation reads), so that one
+    is supervised whatever the step's slack; n = 1 is the paper's whole window."""
     window = RecipeConfig(grad_window=8)
-    assert supervised_iterations(window, 17) == tuple(range(10, 18))  # the paper's: the whole window
-    assert supervised_iterations(dataclasses.replace(window, read_every=2), 17) == (11, 13, 15, 17)
-    assert supervised_iterations(dataclasses.replace(window, read_every=3), 5) == (2, 5)  # R < window: all R count
-    assert supervised_iterations(RecipeConfig(supervise="last", fixed_iterations=4), 4) == (4,)
+    every_other = dataclasses.replace(window, read_every=2)
+    assert supervised_iterations(window, 17, 16) == tuple(range(10, 18))
+    assert supervised_iterations(every_other, 17, 16) == (10, 12, 14, 16)  # one slack iteration: 16 read, 17 not
+    assert supervised_iterations(every_other, 18, 16) == (12, 14, 16, 18)
+    assert supervised_iterations(dataclasses.replace(every_other, ops_per_iteration=2), 9, 16) == (2, 4, 6, 8)
+    assert supervised_iterations(dataclasses.replace(window, read_every=3), 5, 4) == (1, 4)  # R < window
+    assert supervised_iterations(every_other, 20, 2) == (14, 16, 18, 20)  # done before the window: its phase
+    assert supervised_iterations(RecipeConfig(supervise="last", fixed_iterations=4), 4, 9) == (4,)
 
 
 def test_a_step_with_read_every_reads_out_only_those_iterations():
@@ -151,7 +157,7 @@ def test_a_step_with_read_every_reads_out_only_those_iterations():
         return result, reads
 
     (first, reads), (again, _) = run(), run()
-    assert first.plan.R == 6 and reads == len(supervised_iterations(recipe, 6)) == 3
+    assert first.plan.R == 6 and reads == len(supervised_iterations(recipe, 6, 6)) == 3
     assert math.isfinite(first.loss) and first.loss == again.loss
 
 
@@ -163,6 +169,7 @@ def test_a_step_with_read_every_reads_out_only_those_iterations():
     ("recipe", dict(position_offset=-1), "recipe.position_offset"),
     ("recipe", dict(read_every=0), "recipe.read_every"),
     ("recipe", dict(read_every=2, fixed_iterations=4, supervise="last"), "recipe.read_every"),
+    ("recipe", dict(read_every=9, grad_window=8), "recipe.read_every"),
     ("recipe", dict(progressive_loss=True, fixed_iterations=4, supervise="last"), "recipe.progressive_loss"),
 ])
 def test_bad_values_are_refused_naming_the_field(field, value, match):

@@ -10,8 +10,8 @@ from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, Tr
 from par_ray.train.checkpoint import evaluate_trained, load_trained
 from par_ray.train.loop import LockstepError, check_lockstep, resume_mismatch
 from par_ray.train.strategies import World
-from par_ray.train.trainer import (MetricsLog, OncePerStep, build_trainer, fault_injection_errors, run_name,
-                                   torch_config)
+from par_ray.train.trainer import (DASHBOARD_PORTS, MetricsLog, OncePerStep, build_trainer, fault_injection_errors,
+                                   free_dashboard_port, run_name, torch_config)
 
 
 @pytest.mark.parametrize("train,local,problem", [
@@ -31,6 +31,22 @@ def test_fault_injection_needs_workers_and_an_earlier_checkpoint(train, local, p
         assert len(errs) == 1 and problem in errs[0] and errs[0].startswith("train.fail_at_step")
         with pytest.raises(ValueError, match="train.fail_at_step"):
             build_trainer(cfg, None, "/tmp/par_ray_unused", local=local)
+
+
+def test_the_dashboard_port_is_the_first_free_one_below_the_ephemeral_range():
+    """A local cluster's dashboard port comes from Ray's default 8265 up, never from the ephemeral range that the
+    processes Ray starts bind from (a port drawn there was taken before the dashboard bound it); a port in use is
+    skipped."""
+    import socket
+
+    first = free_dashboard_port()
+    low, _ = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    assert first in DASHBOARD_PORTS and first < low
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", first))
+        held.listen()
+        second = free_dashboard_port()
+    assert second in DASHBOARD_PORTS and second > first
 
 
 def test_metrics_log_appends_reports_and_failures(tmp_path):

@@ -225,9 +225,9 @@ def connect():
         # no address set it auto-detects "the" Ray instance and, beside another one on this host, asks the wrong one
         # (tracebacks, "Found multiple active Ray instances", a leaked placement group). Pin it to this cluster's
         # dashboard, before Ray starts, so every Ray process inherits it.
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        from par_ray.train.trainer import free_dashboard_port
+
+        port = free_dashboard_port()
         os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
         local = dict(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port)
     _check_token(address)

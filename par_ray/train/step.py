@@ -111,7 +111,7 @@ class AnswerTerm:
         r = self.recipe
         if r.distill == "none":
             return None
-        window = supervised_iterations(r, batch.plan.R)
+        window = supervised_iterations(r, batch.plan.R, batch.plan.depth)
         return teacher_logits(engine.teacher(r.distill), batch.ids_BT, batch.reads_Q[:batch.n_answers], window,
                               batch.plan.depth, r.ops_per_iteration, self.task.op_width, self.op_order,
                               batch.plan.stretch)
@@ -248,7 +248,7 @@ def train_step(engine, task, task_cfg, loss_fn: StepLoss, seed: int, step: int, 
     with engine.autocast():
         # every (read_every-th) iteration of the gradient window (PAR) or only the last (the final-answer baselines)
         out = engine.model(batch.ids_BT, batch.reads_Q, plan.R, recipe.grad_window, plan.stretch,
-                           supervised_iterations(recipe, plan.R),
+                           supervised_iterations(recipe, plan.R, plan.depth),
                            loss_fn.state_change, position_offset=plan.position_offset,
                            state_noise=recipe.state_noise,
                            noise_seed=noise_seed(seed, step) if recipe.state_noise else None)

@@ -31,6 +31,29 @@ written under another config). A trial that raises one fails at once, whatever `
 worker or node (``RayActorError``, a collective timeout, an ``OSError``) is retried."""
 
 
+DASHBOARD_PORTS = range(8265, 8365)
+"""Ports a private local cluster's dashboard may take: Ray's default, 8265, and up. They lie below the OS's ephemeral
+range (Linux: 32768–60999), which every process Ray starts draws from when it binds port 0, so none of them can take
+the chosen port between :func:`free_dashboard_port`'s check and the dashboard's own bind (a port drawn from the
+ephemeral range was taken that way: "address already in use", and the sweep failed before its first trial)."""
+
+
+def free_dashboard_port() -> int:
+    """The first port of :data:`DASHBOARD_PORTS` free on 127.0.0.1.
+
+    Raises: RuntimeError when all are in use (100 dashboards on one machine), naming the range.
+    """
+    for port in DASHBOARD_PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port for the Ray dashboard in {DASHBOARD_PORTS.start}..{DASHBOARD_PORTS.stop - 1} "
+                       "on 127.0.0.1: stop a local Ray instance (ray stop) or set RAY_API_SERVER_ADDRESS")
+
+
 @contextlib.contextmanager
 def local_ray(num_cpus: int, **init_kwargs):
     """A private Ray instance on this machine for tests, benchmarks and laptops; shut down on exit.
@@ -40,11 +63,10 @@ def local_ray(num_cpus: int, **init_kwargs):
     address configured the State API client auto-detects "the" local Ray instance; on a machine that runs several
     independent instances (CI beside other jobs) it may ask another instance, hear "no such actor" and kill this
     run mid-training (seen on the shared CI machine). So the dashboard (which serves the State API) is bound to a
-    known port and ``RAY_API_SERVER_ADDRESS`` points at it before Ray starts, so every Ray process inherits it.
+    known port (:func:`free_dashboard_port`) and ``RAY_API_SERVER_ADDRESS`` points at it before Ray starts, so every
+    Ray process inherits it.
     """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_dashboard_port()
     previous = os.environ.get("RAY_API_SERVER_ADDRESS")
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
     try:
