@@ -596,6 +596,7 @@ def test_local_ablations_compare_par_with_its_two_ablations_on_experiment_9s_loo
                 c.recipe.extra_iterations, c.recipe.state_noise, c.train.steps) == ("tiny-qwen3", 2, 8, 0.1, 3, 0.1, 1500)
         assert (c.task.train_depth, c.task.curriculum, c.task.curriculum_steps) == (16, (6, 11), 500)
         assert c.eval.depths == presets.fine_depths(16, 128) and c.eval.sequences_at(17) < c.eval.sequences_at(32)
+        assert c.recipe.read_every == 2  # every other window iteration, all three recipes alike (experiments §26)
     par, no_anchor, final = by["par", 0], by["no_anchor", 0], by["final_answer", 0]
     assert par.recipe.anchoring and not no_anchor.recipe.anchoring and final.recipe.anchoring
     assert dataclasses.replace(no_anchor.recipe, anchoring=True, name="par") == par.recipe
