@@ -15,12 +15,13 @@ windows); ``par`` and ``no_anchor`` add its progress-aligned part without the fi
 (``presets.LOCAL_FINAL_OPTIONS``). The fixed-point loss is par_ray's addition, not the paper's, and it does anchoring's
 job: with it on, ``no_anchor`` reads the same G as ``par`` (docs/experiments.md §22); with it off anchoring decides
 whether the state survives past d_train (§23, 3 seeds: 0.36–0.59 against 0.00–0.02 at 2×). Without the curriculum
-every recipe falls off at 2× (§9, §15) and reads the same G. Measured end to end on a 2-core machine with compiled
-layers (§25): 70.5 min, 16–17 min per par / no_anchor trial and 9–12 per final_answer trial, two at a time
-(``--dry-run`` plans 2.0 h: it assumes a lower CPU MFU than these tiny models reach); G: par 1.42 ± 0.13, no_anchor
-1.19 ± 0.06, final_answer 1.00 (eager layers, §24: 79 min; 1.60 ± 0.31, 1.19 ± 0.06, 1.00).
+every recipe falls off at 2× (§9, §15) and reads the same G. Every recipe reads out every other iteration of the
+gradient window, in phase with ⌈d/c⌉ (``recipe.read_every=2``, §26). Measured end to end on a 2-core machine with
+compiled layers (§26): 59 min 45 s, 13–15 min per par / no_anchor trial and 8–10 per final_answer trial, two at a
+time (``--dry-run`` plans 1.6 h: it assumes a lower CPU MFU than these tiny models reach); G: par 1.50 ± 0.23,
+no_anchor 1.29 ± 0.10, final_answer 1.00 (reading every iteration, §25: 70.5 min; 1.42 ± 0.13, 1.19 ± 0.06, 1.00).
 
-    python sweeps/ablations.py                                  # local: 9 trials, ~70 minutes on 2 cores
+    python sweeps/ablations.py                                  # local: 9 trials, ~60 minutes on 2 cores
     python sweeps/ablations.py --smoke-test --seeds 0
 """
 
