@@ -111,13 +111,15 @@ LOCAL_CURRICULUM = {
     "train.steps": 1500, "train.eval_every": 1500, "train.checkpoint_every": 500,
     "eval.depths": fine_depths(LOCAL_CURRICULUM_DEPTH, 8 * LOCAL_CURRICULUM_DEPTH),
     "eval.num_sequences": 128, "eval.num_sequences_fine": 32, "eval.batch_size": 128,
-    "train.compile": True,
+    "train.compile": True, "recipe.read_every": 2,
 }
 """A length curriculum at a local sweep's budget (docs/experiments.md §21, arm "c16 noise"): d_train ramps 6 → 11 → 16
 over 1,500 steps (500 per phase; the iterations before the gradient window run without autograd), state noise σ 0.1,
 tests on the fine grid to 8× (16 … 128: every depth to 32, then ratio ≤ 1.25; 128 sequences at 16 / 32 / 64 / 128
 and 32 at the 21 depths between), decoder layers compiled (``train.compile``: a step at d_train 16 ~20 % faster
-after a one-time compile of ~1 min per trial, the same math up to float round-off; docs/experiments.md §25).
+after a one-time compile of ~1 min per trial, the same math up to float round-off; docs/experiments.md §25), every
+other iteration of the gradient window read out, in phase with ⌈d/c⌉ (``recipe.read_every``: ~20 % off a trial's
+training; the main job 40 min instead of ~1 h, at a lower G on tiny-qwen3; docs/experiments.md §26).
 With :data:`LOCAL_LOOP_OPTIONS` and :data:`LOCAL_PROGRESS_OPTIONS` it read 0.85 / 0.56 / 0.13 at 1× / 2× / 4×, G 3
 (tiny-qwen3, seed 0) in ~15 min on one core of the reference machine; twice the steps reach G ≥ 4 on every seed
 (README Results) but cost twice that, over the local sweeps' budgets."""

@@ -51,11 +51,10 @@ LOCAL_CELLS = tuple({"recipe": r, "task.name": LOCAL_TASK, **options} for r, opt
     ("par", ABLATION_PROGRESS_OPTIONS), ("no_anchor", ABLATION_PROGRESS_OPTIONS),
     ("final_answer", LOCAL_FINAL_OPTIONS)))
 """The local comparison (module docstring): PAR against its two ablations that the paper reports as lowering G."""
-LOCAL_BUDGET = {**LOCAL_LOOP_OPTIONS, **LOCAL_CURRICULUM, "recipe.read_every": 2}
+LOCAL_BUDGET = {**LOCAL_LOOP_OPTIONS, **LOCAL_CURRICULUM}
 """The local loop (``presets.LOCAL_LOOP_OPTIONS``) on the length curriculum 6 → 11 → 16 with state noise σ 0.1
-(``presets.LOCAL_CURRICULUM``: 1,500 steps, one evaluation at the end on the fine grid 16 … 128), reading out every
-other iteration of the gradient window, in phase with ⌈d/c⌉ (``recipe.read_every``: ~20 % off a trial's training,
-the same learning on §26's screen)."""
+(``presets.LOCAL_CURRICULUM``: 1,500 steps, every other window iteration read out, one evaluation at the end on the
+fine grid 16 … 128)."""
 
 SPEC = SweepSpec(
     name="ablations",

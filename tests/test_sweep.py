@@ -121,6 +121,7 @@ def test_backbone_scaling_local_grid_is_two_tiny_families_times_three_seeds():
                                                                                             0.1, 12, 2)
         assert (c.task.train_depth, c.task.curriculum, c.train.steps) == (16, (6, 11), 1500)
         assert c.train.compile  # the local sweeps compile their decoder layers (docs/experiments.md §25) ...
+        assert c.recipe.read_every == 2  # ... and read out every other window iteration (§26)
     smoke = sweep.build_plan(spec, Options(preset="local", smoke_test=True), "local")
     assert not any(c.train.compile for _, c in smoke.trials)  # ... but not for a smoke test's 4 steps
     # the paper preset picks the parallel strategy by size, with the planner: every trial fits 90 % of an 80 GB GPU
