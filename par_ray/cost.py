@@ -24,11 +24,11 @@ and one pass of ``LoopedLM.iterate`` with R iterations, n of them read out at Q 
 A training step (``par_ray.train.step``) runs that forward; backward costs twice the forward of everything that ran
 with autograd: the prelude, the K = min(grad_window, R) iterations of the gradient window and every readout
 (iterations before the window ran under ``no_grad``). ``supervise="window"`` reads the K window iterations (every
-``read_every``-th of them, counted from ⌈d/c⌉), ``"last"`` only iteration R. Prefix self-distillation adds the teacher's no-grad forward, for every window iteration
-k with c·k < d, of the prompt truncated after c·k operations, R = k, one readout (``par_ray.distill``; an EMA and a
-live teacher cost the same). Learned halting appends one token and one read position; dense targets read the d
-operation positions too; chain-of-thought trains on prompt + trace (``par_ray.cot``). Per step, the FLOPs are the
-expectation over the step's draws (``par_ray.schedules.plan_step``): d ~ U{min_train_depth .. d_train}, and R =
+``read_every``-th of them, counted from ⌈d/c⌉), ``"last"`` only iteration R. Prefix self-distillation adds the
+teacher's no-grad forward, for every read iteration k with c·k < d, of the prompt truncated after c·k operations,
+R = k, one readout (``par_ray.distill``; an EMA and a live teacher cost the same). Learned halting appends one
+token and one read position; dense targets read the d operation positions too; chain-of-thought trains on prompt +
+trace (``par_ray.cot``). Per step, the FLOPs are the expectation over the step's draws (``par_ray.schedules.plan_step``): d ~ U{min_train_depth .. d_train}, and R =
 ⌈d/c⌉ (+ U{0..extra_iterations}), or ``fixed_iterations``, or 1 + Poisson(λ) under the hold schedule, capped at
 ``max_iterations``; each stage with its own recipe and steps.
 
@@ -218,7 +218,6 @@ def step_flops(cfg: TrialConfig, rc: RecipeConfig, shape: ModelShape, depth: int
     T, Q = T + halt, Q + halt
     reads = Q + (ops if rc.dense_targets else 0)
     conv = cfg.backbone.position_scheme == "conv"
-    K = min(rc.grad_window, R)
     read_iterations = supervised_iterations(rc, R, depth)
     per_seq = train_flops(shape, T, reads, R, rc.grad_window, len(read_iterations), conv)
     if rc.distill != "none":

@@ -96,22 +96,29 @@ def test_state_noise_perturbs_only_the_carried_state_and_is_a_function_of_the_se
     assert noise_seed(0, 5) == noise_seed(0, 5) != noise_seed(0, 6)
 
 
-def test_a_step_with_every_long_problem_option_trains_and_is_reproducible():
+def _fresh_steps(task_cfg: TaskConfig, recipe: RecipeConfig):
+    """``step(s)``: training step ``s`` (seed 0, batch 4) of a fresh random-init tiny-qwen2 looped model (torch seed 0)
+    trained with ``recipe`` on ``task_cfg``; each call of this function starts a new model."""
     torch.set_num_threads(1)
+    from par_ray.trial import resolve
+
+    vocab = resolve(validate(TrialConfig(task=task_cfg, recipe=recipe))).vocab
+    task = build_task(task_cfg, train=True)
+    torch.manual_seed(0)
+    model = build_looped(BackboneConfig(), recipe, vocab_size=vocab.size)
+    engine = prepare(model, TrainConfig(batch_size=4, warmup_steps=0), World())
+    loss_fn = build_step_loss(recipe, task, dense_offset=vocab.dense_offset)
+    return lambda s: train_step(engine, task, task_cfg, loss_fn, 0, s, 4)
+
+
+def test_a_step_with_every_long_problem_option_trains_and_is_reproducible():
     task_cfg = TaskConfig(train_depth=8, curriculum=(3,), curriculum_steps=1, given_prefix=2)
     recipe = RecipeConfig(dense_targets=True, dense_pending=True, grad_window=2, progressive_loss=True,
                           state_noise=0.1, position_offset=4, extra_iterations=2)
-    cfg = validate(TrialConfig(task=task_cfg, recipe=recipe))
-    task = build_task(task_cfg, train=True)
-    from par_ray.trial import resolve
-    vocab = resolve(cfg).vocab
 
     def run():
-        torch.manual_seed(0)
-        model = build_looped(BackboneConfig(), recipe, vocab_size=vocab.size)
-        engine = prepare(model, TrainConfig(batch_size=4, warmup_steps=0), World())
-        loss_fn = build_step_loss(recipe, task, dense_offset=vocab.dense_offset)
-        return [train_step(engine, task, task_cfg, loss_fn, 0, s, 4) for s in range(3)]
+        step = _fresh_steps(task_cfg, recipe)
+        return [step(s) for s in range(3)]
 
     first, again = run(), run()
     assert [r.loss for r in first] == [r.loss for r in again]
@@ -137,22 +144,14 @@ def test_read_every_supervises_every_nth_window_iteration_counted_from_the_done_
 def test_a_step_with_read_every_reads_out_only_those_iterations():
     """The forward reads (and the loss supervises) the iterations :func:`supervised_iterations` names, nothing else:
     the step's profile counts one ``par_ray.readout`` per read iteration, and the loss is finite and reproducible."""
-    torch.set_num_threads(1)
     task_cfg = TaskConfig(train_depth=6, min_train_depth=6)
     recipe = RecipeConfig(dense_targets=True, dense_pending=True, grad_window=6, read_every=2,
                           fixed_point_weight=1.0)
-    cfg = validate(TrialConfig(task=task_cfg, recipe=recipe))
-    task = build_task(task_cfg, train=True)
-    from par_ray.trial import resolve
-    vocab = resolve(cfg).vocab
 
     def run():
-        torch.manual_seed(0)
-        model = build_looped(BackboneConfig(), recipe, vocab_size=vocab.size)
-        engine = prepare(model, TrainConfig(batch_size=4, warmup_steps=0), World())
-        loss_fn = build_step_loss(recipe, task, dense_offset=vocab.dense_offset)
+        step = _fresh_steps(task_cfg, recipe)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            result = train_step(engine, task, task_cfg, loss_fn, 0, 0, 4)
+            result = step(0)
         reads = sum(e.count for e in prof.key_averages() if e.key == "par_ray.readout")
         return result, reads
 
