@@ -28,9 +28,10 @@ with autograd: the prelude, the K = min(grad_window, R) iterations of the gradie
 teacher's no-grad forward, for every read iteration k with c·k < d, of the prompt truncated after c·k operations,
 R = k, one readout (``par_ray.distill``; an EMA and a live teacher cost the same). Learned halting appends one
 token and one read position; dense targets read the d operation positions too; chain-of-thought trains on prompt +
-trace (``par_ray.cot``). Per step, the FLOPs are the expectation over the step's draws (``par_ray.schedules.plan_step``): d ~ U{min_train_depth .. d_train}, and R =
-⌈d/c⌉ (+ U{0..extra_iterations}), or ``fixed_iterations``, or 1 + Poisson(λ) under the hold schedule, capped at
-``max_iterations``; each stage with its own recipe and steps.
+trace (``par_ray.cot``). Per step, the FLOPs are the expectation over the step's draws
+(``par_ray.schedules.plan_step``): d ~ U{min_train_depth .. d_train}, and R = ⌈d/c⌉ (+ U{0..extra_iterations}), or
+``fixed_iterations``, or 1 + Poisson(λ) under the hold schedule, capped at ``max_iterations``; each stage with its
+own recipe and steps.
 
 Evaluation (``par_ray.train.loop.eval_metrics``), at every ``eval_every`` steps and at the end: every test depth's
 ``num_sequences`` sequences with R = ⌈d/c⌉ (or ``fixed_iterations``), one readout; a halting stage also runs
