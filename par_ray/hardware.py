@@ -24,8 +24,10 @@ JSON (``benchmarks/gpu_check.py``, ``throughput.*.mfu``) passed as ``--prices``,
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
 import tomllib
 import typing
 from dataclasses import dataclass, field, replace
@@ -280,7 +282,6 @@ def measure_cpu_peak(workers: int = 1, seconds: float = 2.0, size: int = 2048) -
 
     Run in threads of this process with torch's intra-op threads set to 1 for the measurement (``torch.mm`` releases
     the GIL), restored after. Raises ``ValueError`` naming ``workers`` or ``seconds`` if not positive."""
-    import os
     import threading
     import time
 
@@ -341,22 +342,31 @@ def _cpu_model() -> str:
     return ""
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m par_ray.hardware`` argument parser, built without running anything (grouped flags, example)."""
+    ap = argparse.ArgumentParser(
+        prog="python -m par_ray.hardware", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Measure this machine's CPU peak and write it as a price file for the sweeps' --prices.",
+        epilog="The local preset's cost plan (--dry-run) assumes a CPU peak per core; CPUs differ 2x and more,\n"
+               "so measure yours (about 2 s) and pass the file on.\n"
+               "\nexample:\n  python -m par_ray.hardware --measure-cpu --out cpu.json\n"
+               "  python sweeps/backbone_scaling.py --preset local --prices cpu.json --dry-run")
+    what = ap.add_argument_group("what to measure")
+    what.add_argument("--measure-cpu", action="store_true", required=True,
+                      help="measure the fp32 matmul peak per core")
+    what.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                      help="cores busy at once, one thread each: the local sweep's trials side by side (default: "
+                           "all CPUs, as a local sweep of 1-CPU trials runs them)")
+    what.add_argument("--seconds", type=float, default=2.0, help="measuring time (default 2)")
+    out = ap.add_argument_group("output")
+    out.add_argument("--out", help="write the price file here (default: print it)")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m par_ray.hardware --measure-cpu [--workers N] [--out FILE]``: this machine's CPU peak as a price
     file for the sweeps' ``--prices``."""
-    import argparse
-    import os
-
-    ap = argparse.ArgumentParser(prog="python -m par_ray.hardware",
-                                 description="Measure this machine's CPU peak for the local preset's cost plan and "
-                                             "write it as a price file (--prices FILE of the sweeps).")
-    ap.add_argument("--measure-cpu", action="store_true", required=True,
-                    help="measure the fp32 matmul peak per core")
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                    help="cores busy at once, one thread each: the local sweep's trials side by side (default: all "
-                         "CPUs, as a local sweep of 1-CPU trials runs them)")
-    ap.add_argument("--seconds", type=float, default=2.0, help="measuring time (default 2)")
-    ap.add_argument("--out", help="write the price file here (default: print it)")
+    ap = build_parser()
     args = ap.parse_args(argv)
     try:
         peak = measure_cpu_peak(args.workers, args.seconds)
