@@ -53,8 +53,8 @@ RUNS = {  # name: (local mode, workers, threads per worker)
 }
 SETTLE_SECONDS = 5.0
 TRAIN_DEPTH = 8
-"""d_train of the benchmarked trial, fixed (not the local preset's): the recorded numbers (README,
-docs/distributed.md) are for d_train 8."""
+"""d_train of the benchmarked trial, fixed (not the local preset's): the recorded numbers
+(docs/performance.md, docs/distributed.md) are for d_train 8."""
 
 
 def trial(steps: int, workers: int, threads: int):

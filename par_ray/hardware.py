@@ -110,7 +110,7 @@ DEVICES: dict[str, Device] = {
                    (NODE_PRICES["p5.48xlarge"], NODE_PRICES["a3-highgpu-8g"])),
     "H200": Device(141, 989.4, _DATASHEET.format("H200 SXM")),
     "CPU": Device(0, 0.087, "fp32 torch.mm at 2048^3 per core with both cores of a 2-core AMD EPYC (Zen 3) VM busy, "
-                  "December 2026; machines differ 2x and more (README, Performance): measure yours with python -m "
+                  "December 2026; machines differ 2x and more (docs/performance.md): measure yours with python -m "
                   "par_ray.hardware --measure-cpu --out cpu.json and pass --prices cpu.json"),
 }
 """Ray accelerator type → :class:`Device`. ``CPU`` is the local preset's worker (one core per thread; no price)."""
@@ -133,7 +133,7 @@ measured with tiny-qwen2 and tiny-qwen3 local-preset trials training side by sid
 2026; 40 steps of the trial's own (d, R) draws, FLOPs of those draws, then one full evaluation): training 0.39 and
 0.37 (0.46 / 0.40 alone), evaluation 0.42 (0.44 alone). Two trials slow each other more than two big matmuls do
 (the per-core matmul peak drops 5 % with both cores busy, a training step 12–19 %): backward and AdamW are memory
-bound and share the memory bandwidth and L3. Checked in a real local sweep (README, "What a sweep costs"): the trials
+bound and share the memory bandwidth and L3. Checked in a real local sweep (docs/cost.md): the trials
 reached 0.34–0.37 training and 0.38–0.42 evaluation, Ray's own processes taking ~20 % of the two cores. These
 evaluation figures are of the coarse test grid (6/12/24/48, batches of 256); the fine grid the local preset now
 evaluates (15 depths, batches of 128) measured 0.49 side by side in one run, where training measured 0.43–0.47: this

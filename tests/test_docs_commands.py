@@ -316,16 +316,27 @@ def test_help_reads_like_the_readme(key):
         parser.formatter_class, argparse.RawDescriptionHelpFormatter), "the example's line breaks would be lost"
 
 
-_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_LINK = re.compile(r"\]\(([^)\s]+)\)|^\[[^\]]+\]:\s*(\S+)", re.M)
+
+
+def _anchors(doc: Path) -> set[str]:
+    """The heading anchors GitHub gives a Markdown file: lower case, punctuation dropped, spaces → hyphens."""
+    text = _FENCE.sub("", doc.read_text(encoding="utf-8"))
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_relative_links_exist(doc):
-    """Every relative link (files, images) of README.md and docs/*.md points at a file of the repository."""
-    missing = []
-    for target in _LINK.findall(doc.read_text(encoding="utf-8")):
-        if re.match(r"[a-z]+:|#", target):
+    """Every relative link (files, images, reference definitions) of README.md and docs/*.md points at a file of the
+    repository, and a link into a Markdown file's heading at a heading it has."""
+    broken = []
+    for inline, reference in _LINK.findall(doc.read_text(encoding="utf-8")):
+        target = inline or reference
+        if re.match(r"[a-z]+:", target):
             continue
-        if not (doc.parent / target.split("#")[0]).exists():
-            missing.append(target)
-    assert not missing, missing
+        path, _, anchor = target.partition("#")
+        file = doc.parent / path if path else doc
+        if not file.exists() or (anchor and file.suffix == ".md" and anchor not in _anchors(file)):
+            broken.append(target)
+    assert not broken, broken
