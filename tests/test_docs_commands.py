@@ -340,3 +340,11 @@ def test_relative_links_exist(doc):
         if not file.exists() or (anchor and file.suffix == ".md" and anchor not in _anchors(file)):
             broken.append(target)
     assert not broken, broken
+
+
+def test_readme_is_a_guide():
+    """README.md stays a few screens for a new user; history and internal names live in docs/experiments.md."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    jargon = re.findall(r"§|\bsessions?\b|\brounds?\b|\bexperiments? \d+", text, re.I)
+    assert not jargon, jargon
