@@ -155,18 +155,31 @@ def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: 
     }
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """This benchmark's argument parser, built without running anything (grouped flags, one example)."""
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/bench_throughput.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Measure training-step throughput as a fraction of this machine's fp32 matmul peak, per shape.",
+        epilog="Prints the machine's peak, then per shape the step time, achieved GFLOP/s and their ratio.\n"
+               "\nexample:\n  python benchmarks/bench_throughput.py --compile --out throughput.json")
+    step = ap.add_argument_group("the step")
+    step.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES), help="shapes to measure")
+    step.add_argument("--depth", type=int, default=6, help="d = R of every step (the local preset's d_train)")
+    step.add_argument("--attn", choices=["eager", "sdpa"], default=None,
+                      help="attention implementation (default: the registry's)")
+    step.add_argument("--compile", action="store_true",
+                      help="compile the decoder layers (train.compile); compile time reported apart, not timed")
+    timing = ap.add_argument_group("timing and output")
+    timing.add_argument("--steps", type=int, default=20, help="timed steps per shape (the median is reported)")
+    timing.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
+    timing.add_argument("--threads", type=int, default=1, help="torch intra-op threads (peak and steps alike)")
+    timing.add_argument("--out", help="write the results as JSON to this path")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES), help="shapes to measure")
-    ap.add_argument("--depth", type=int, default=6, help="d = R of every step (the local preset's d_train)")
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per shape (the median is reported)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (peak and steps alike)")
-    ap.add_argument("--attn", choices=["eager", "sdpa"], default=None,
-                    help="attention implementation (default: the registry's)")
-    ap.add_argument("--compile", action="store_true",
-                    help="compile the decoder layers (train.compile); compile time reported apart, not timed")
-    ap.add_argument("--out", help="write the results as JSON to this path")
+    """Run the benchmark and print its table; ``--out`` writes it as JSON."""
+    ap = build_parser()
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 

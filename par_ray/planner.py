@@ -716,28 +716,39 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m par_ray.planner", description=__doc__.split("\n\n")[0],
-                                 usage="%(prog)s (--backbone NAME --strategy {ddp,fsdp,deepspeed} | --table) [options]")
-    ap.add_argument("--backbone", choices=sorted(BACKBONES), help="registry name (required unless --table)")
-    ap.add_argument("--strategy", choices=STRATEGIES, help="data-parallel strategy (required unless --table)")
-    ap.add_argument("--world-size", type=_positive_int, default=1, help="GPUs (data-parallel ranks)")
-    ap.add_argument("--R", type=_positive_int, default=32, help="core iterations per step")
-    ap.add_argument("--grad-window", type=_positive_int, default=8, help="iterations run with autograd")
-    ap.add_argument("--micro-batch", type=_positive_int, default=4, help="sequences per GPU")
-    ap.add_argument("--seq-len", type=_positive_int, default=64, help="tokens per sequence")
-    ap.add_argument("--read-positions", type=_positive_int, default=5, help="answers read per sequence (Q)")
-    ap.add_argument("--vocab-size", type=_positive_int, default=None,
-                    help="override the checkpoint's vocabulary (random-init shapes use the task's)")
-    ap.add_argument("--untied-copies", type=_positive_int, default=None,
-                    help="untied baseline with this many core copies (default: weight-tied core)")
-    ap.add_argument("--zero-stage", type=int, choices=ZERO_STAGES, default=2, help="DeepSpeed ZeRO stage")
-    ap.add_argument("--offload", action="store_true", help="DeepSpeed ZeRO-Offload of optimizer state to CPU")
-    ap.add_argument("--dtype", choices=DTYPES, default="bf16", help="bf16 on GPUs, fp32 as on CPU")
-    ap.add_argument("--gpu-memory-gb", type=_positive_float, default=None,
-                    help="GPU memory in GB (default 80; --table: both 80 and 141)")
-    ap.add_argument("--table", action="store_true", help="smallest GPU count per Qwen size and strategy")
-    ap.add_argument("--max-gpus", type=_positive_int, default=1024, help="largest GPU count --table searches")
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m par_ray.planner`` argument parser, built without running anything (grouped flags, examples)."""
+    ap = argparse.ArgumentParser(
+        prog="python -m par_ray.planner", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Plan GPU memory of a PAR training step: bytes per GPU by backbone, strategy, GPUs, R and window.",
+        usage="%(prog)s (--backbone NAME --strategy {ddp,fsdp,deepspeed} | --table) [options]",
+        epilog="Pure arithmetic over the backbone registry's exact sizes: nothing is loaded or allocated.\n"
+               "\nexamples:\n"
+               "  python -m par_ray.planner --backbone qwen2.5-7b --strategy fsdp --world-size 8 --R 32 \\\n"
+               "      --grad-window 8\n"
+               "  python -m par_ray.planner --table      # smallest GPU count per Qwen size and strategy")
+    one = ap.add_argument_group("one plan")
+    one.add_argument("--backbone", choices=sorted(BACKBONES), help="registry name (required unless --table)")
+    one.add_argument("--strategy", choices=STRATEGIES, help="data-parallel strategy (required unless --table)")
+    one.add_argument("--world-size", type=_positive_int, default=1, help="GPUs (data-parallel ranks)")
+    one.add_argument("--zero-stage", type=int, choices=ZERO_STAGES, default=2, help="DeepSpeed ZeRO stage")
+    one.add_argument("--offload", action="store_true", help="DeepSpeed ZeRO-Offload of optimizer state to CPU")
+    table = ap.add_argument_group("the table instead")
+    table.add_argument("--table", action="store_true", help="smallest GPU count per Qwen size and strategy")
+    table.add_argument("--max-gpus", type=_positive_int, default=1024, help="largest GPU count --table searches")
+    work = ap.add_argument_group("the workload (both)")
+    work.add_argument("--R", type=_positive_int, default=32, help="core iterations per step")
+    work.add_argument("--grad-window", type=_positive_int, default=8, help="iterations run with autograd")
+    work.add_argument("--micro-batch", type=_positive_int, default=4, help="sequences per GPU")
+    work.add_argument("--seq-len", type=_positive_int, default=64, help="tokens per sequence")
+    work.add_argument("--read-positions", type=_positive_int, default=5, help="answers read per sequence (Q)")
+    work.add_argument("--vocab-size", type=_positive_int, default=None,
+                      help="override the checkpoint's vocabulary (random-init shapes use the task's)")
+    work.add_argument("--untied-copies", type=_positive_int, default=None,
+                      help="untied baseline with this many core copies (default: weight-tied core)")
+    work.add_argument("--dtype", choices=DTYPES, default="bf16", help="bf16 on GPUs, fp32 as on CPU")
+    work.add_argument("--gpu-memory-gb", type=_positive_float, default=None,
+                      help="GPU memory in GB (default 80; --table: both 80 and 141)")
     return ap
 
 
@@ -748,7 +759,8 @@ _FLAG_OF = {"world_size": "--world-size", "grad_window": "--grad-window", "micro
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _parser()
+    """``python -m par_ray.planner``: print one plan or the smallest-GPU-count table; bad input → exit status 2."""
+    ap = build_parser()
     args = ap.parse_args(argv)
     workload = dict(R=args.R, grad_window=args.grad_window, micro_batch=args.micro_batch, seq_len=args.seq_len,
                     read_positions=args.read_positions, dtype=args.dtype, vocab_size=args.vocab_size)

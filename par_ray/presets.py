@@ -122,7 +122,7 @@ other iteration of the gradient window read out, in phase with ⌈d/c⌉ (``reci
 training; the main job 40 min instead of ~1 h, at a lower G on tiny-qwen3; docs/experiments.md §26).
 With :data:`LOCAL_LOOP_OPTIONS` and :data:`LOCAL_PROGRESS_OPTIONS` it read 0.85 / 0.56 / 0.13 at 1× / 2× / 4×, G 3
 (tiny-qwen3, seed 0) in ~15 min on one core of the reference machine; twice the steps reach G ≥ 4 on every seed
-(README Results) but cost twice that, over the local sweeps' budgets."""
+(docs/results.md) but cost twice that, over the local sweeps' budgets."""
 
 
 def local_trial(backbone: str = "tiny-qwen2", task: str = "swap_s5", seed: int = 0) -> TrialConfig:

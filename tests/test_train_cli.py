@@ -1,7 +1,7 @@
 """The single-process trainer: bad input gives one clear error; a short run learns (loss falls) and writes result.json.
 
-The full learning benchmark (≥ 95 % full-state accuracy at d = 8 within 20 minutes) is not a test: see README
-"Results" and docs/experiments.md. This is its short form.
+The full learning benchmark (≥ 95 % full-state accuracy at d = 8 within 20 minutes) is not a test: see
+docs/results.md and docs/experiments.md. This is its short form.
 """
 
 import json

@@ -40,7 +40,9 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m par_ray.train`` argument parser, built without running anything (its flags in groups, one
+    example in the epilog); ``tests/test_docs_commands.py`` parses the docs' commands with it."""
     from par_ray.config import STRATEGIES
     from par_ray.model.registry import BACKBONES
     from par_ray.recipes import RECIPES
@@ -52,46 +54,57 @@ def parse_args(argv=None) -> argparse.Namespace:
     # Names are listed, not enforced with argparse ``choices``: the config's own validation reports a wrong name as
     # one "error: <field>: ..." line, like every other bad value.
     p = argparse.ArgumentParser(
-        prog="python -m par_ray.train",
-        description="Train one PAR trial (in this process with --workers 1, else on Ray Train workers), print "
-                    "progress, the accuracy-by-depth table and G, and write OUT/result.json.",
-        epilog="Flags left out take the preset's values (--preset, par_ray/presets.py); any other config field: --set. "
-               "Example: "
-               "python -m par_ray.train --backbone tiny-qwen2 --task swap_s5 --recipe par --train-depth 8 "
-               "--steps 4000 --eval-depths 8,16,32,64 --seed 0 --out runs/par-s0")
-    p.add_argument("--preset", default="local", metavar=one_of(presets.PRESETS),
-                   help="the base trial (par_ray/presets.py): local (default; CPU, tiny shapes, d_train 6, float32) or "
-                        "paper (the paper's protocol: pretrained parent from --model-dir or the hub cache, the task's "
-                        "paper depths, bf16 on GPUs, strategy and GPU count by the memory planner)")
-    p.add_argument("--backbone", default=None, metavar=one_of(BACKBONES),
-                   help="parent model shape from the backbone registry (par_ray/model/backbones.py; default "
-                        "tiny-qwen2, the CPU shape, or qwen2.5-0.5b under --preset paper)")
-    p.add_argument("--pretrained", default=None, metavar="DIR",
-                   help="local checkpoint folder to load the parent's weights from (default: random init)")
-    p.add_argument("--model-dir", default=None, metavar="DIR",
-                   help="where a pretrained parent's hub id is looked for before the hub cache ($HF_HOME): DIR/<hub "
-                        "id> or a hub cache (par_ray/weights.py); nothing is downloaded")
-    p.add_argument("--task", default="swap_s5", metavar=one_of(TASKS),
-                   help="state-tracking task (par_ray/tasks/; default swap_s5)")
-    p.add_argument("--recipe", default="par", metavar=one_of(RECIPES),
-                   help="training recipe: PAR or one of its ablations / baselines (table in par_ray/recipes.py; "
-                        "default par)")
-    p.add_argument("--train-depth", type=int, default=None, metavar="D",
-                   help="d_train, the longest composition trained on (default: the CPU preset's)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the CPU preset's)")
-    p.add_argument("--eval-depths", type=_ints, default=None, metavar="D1,D2,...",
-                   help="comma-separated test depths, e.g. 8,16,32,64 (default: the preset's grid at d_train; local: "
-                        "every depth to 2 x d_train, then steps of <= 1.25 x to 8 x d_train)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="trial seed, a non-negative integer: model init, training batches and the per-step depth and "
-                        "iteration draws (the test sets use eval.seed); default 0")
-    p.add_argument("--workers", type=int, default=1, help=">1 starts Ray workers (DDP etc.); 1 = this process")
-    p.add_argument("--strategy", default=None, metavar=one_of(STRATEGIES),
-                   help="data-parallel wrapping with --workers > 1 (default ddp)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override any config field, e.g. --set train.lr=3e-4 (repeatable)")
-    p.add_argument("--out", default="runs/train", help="output directory (result.json, checkpoints)")
-    return p.parse_args(argv)
+        prog="python -m par_ray.train", formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s [--backbone NAME] [--task NAME] [--recipe NAME] [--set SECTION.FIELD=VALUE] [options]",
+        description="Train one looped model (one PAR trial) and print its accuracy by test depth and G.",
+        epilog="Prints progress lines, then the accuracy-by-depth table and G; writes OUT/result.json and the\n"
+               "model OUT/final/. Flags left out take the preset's values (par_ray/presets.py); any other config\n"
+               "field: --set SECTION.FIELD=VALUE. The same command with the same --out continues an interrupted run.\n"
+               "\nexample (12 minutes on 2 cores):\n"
+               "  python -m par_ray.train --backbone tiny-qwen2 --task swap_s5 --recipe par --train-depth 8 \\\n"
+               "      --steps 4000 --eval-depths 8,16,32,64 --seed 0 --out runs/par-s0")
+    what = p.add_argument_group("what to train")
+    what.add_argument("--preset", default="local", metavar=one_of(presets.PRESETS),
+                      help="the base trial (par_ray/presets.py): local (default; CPU, tiny shapes, d_train 6, float32) "
+                           "or paper (the paper's protocol: pretrained parent from --model-dir or the hub cache, the "
+                           "task's paper depths, bf16 on GPUs, strategy and GPU count by the memory planner)")
+    what.add_argument("--backbone", default=None, metavar=one_of(BACKBONES),
+                      help="parent model shape from the backbone registry (par_ray/model/backbones.py; default "
+                           "tiny-qwen2, the CPU shape, or qwen2.5-0.5b under --preset paper)")
+    what.add_argument("--task", default="swap_s5", metavar=one_of(TASKS),
+                      help="state-tracking task (par_ray/tasks/; default swap_s5)")
+    what.add_argument("--recipe", default="par", metavar=one_of(RECIPES),
+                      help="training recipe: PAR or one of its ablations / baselines (table in par_ray/recipes.py; "
+                           "default par)")
+    what.add_argument("--seed", type=int, default=0,
+                      help="trial seed, a non-negative integer: model init, training batches and the per-step depth "
+                           "and iteration draws (the test sets use eval.seed); default 0")
+    what.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                      help="override any config field, e.g. --set train.lr=3e-4 (repeatable)")
+    length = p.add_argument_group("training length and test depths")
+    length.add_argument("--train-depth", type=int, default=None, metavar="D",
+                        help="d_train, the longest composition trained on (default: the CPU preset's)")
+    length.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the CPU preset's)")
+    length.add_argument("--eval-depths", type=_ints, default=None, metavar="D1,D2,...",
+                        help="comma-separated test depths, e.g. 8,16,32,64 (default: the preset's grid at d_train; "
+                             "local: every depth to 2 x d_train, then steps of <= 1.25 x to 8 x d_train)")
+    weights = p.add_argument_group("pretrained weights (nothing is downloaded)")
+    weights.add_argument("--pretrained", default=None, metavar="DIR",
+                         help="local checkpoint folder to load the parent's weights from (default: random init)")
+    weights.add_argument("--model-dir", default=None, metavar="DIR",
+                         help="where a pretrained parent's hub id is looked for before the hub cache ($HF_HOME): "
+                              "DIR/<hub id> or a hub cache (par_ray/weights.py)")
+    scale = p.add_argument_group("workers and output")
+    scale.add_argument("--workers", type=int, default=1, help=">1 starts Ray workers (DDP etc.); 1 = this process")
+    scale.add_argument("--strategy", default=None, metavar=one_of(STRATEGIES),
+                       help="data-parallel wrapping with --workers > 1 (default ddp)")
+    scale.add_argument("--out", default="runs/train", help="output directory (result.json, checkpoints, final/)")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parse ``python -m par_ray.train``'s flags (:func:`build_parser`); argparse exits with status 2 on a bad one."""
+    return build_parser().parse_args(argv)
 
 
 def config_from_args(args):
