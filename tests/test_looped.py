@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from par_ray.model import backbones
-from par_ray.model.backbones import ATTN_IMPLEMENTATIONS, run_decoder_layer
+from par_ray.model.backbones import ATTN_IMPLEMENTATIONS, causal_mask, run_decoder_layer
 from par_ray.model.looped import LoopedLM, default_split, token_rms
 
 FAMILIES = ["tiny-qwen2", "tiny-qwen3"]
@@ -184,8 +184,10 @@ def test_iterate_logits_equal_full_coda_readout(name):
     assert (got - want).abs().max().item() <= 1e-5
 
 
-def _read_one_by_one(self, states, read_positions_Q, pos, mask):
-    """The reference read-out of the window's states: one ``readout`` call per iteration."""
+def _read_one_by_one(self, states, read_positions_Q, pos):
+    """The reference read-out of the window's states: one ``readout`` call per iteration, with the coda mask
+    ``iterate`` builds for B sequences."""
+    mask = self._local(causal_mask(self.config, states[0]), states[0], self.coda_window)
     return torch.stack([self.readout(s_BTH, read_positions_Q, pos, mask) for s_BTH in states])
 
 

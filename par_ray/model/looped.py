@@ -299,10 +299,7 @@ class LoopedLM(nn.Module):
         x_BTH = self.embed_tokens(input_ids_BT)
         pos, mask = self._positions(x_BTH, stretch, position_offset)
         local = self._local(mask, x_BTH)
-        # The coda's (read-out) mask. Every sequence has the same one (no padding), so its first row broadcasts over
-        # any batch: B sequences, or the K·B stacked states of a batched read-out.
-        mask = self._local(mask, x_BTH, self.coda_window)
-        mask = None if mask is None else mask[:1]
+        mask = self._local(mask, x_BTH, self.coda_window)  # the coda's (read-out) mask
         with record_function("par_ray.prelude"):
             e_BTH = self._stack(self.prelude, x_BTH, pos, local)
         noise_gen = None
@@ -346,22 +343,25 @@ class LoopedLM(nn.Module):
         logits_KBQV = torch.stack(logits) if logits else None
         if batched:  # after any read-out without autograd: those are of earlier iterations (before the window)
             with record_function("par_ray.readout"):
-                window_KBQV = self._read_stacked(batched, read_positions_Q, pos, mask)
+                window_KBQV = self._read_stacked(batched, read_positions_Q, pos)
             logits_KBQV = window_KBQV if logits_KBQV is None else torch.cat([logits_KBQV, window_KBQV])
         return LoopedOutput(logits_KBQV, list(to_read), torch.stack(rms), torch.stack(change) if state_change else None)
 
-    def _read_stacked(self, states: list[torch.Tensor], read_positions_Q: torch.Tensor, pos, mask) -> torch.Tensor:
+    def _read_stacked(self, states: list[torch.Tensor], read_positions_Q: torch.Tensor, pos) -> torch.Tensor:
         """The read-outs of K iterations as one :meth:`readout` over their stacked states: K × (B, T, H) ->
         logits (K, B, Q, V).
 
-        The K states go through the coda as one batch of K·B sequences: one call per coda layer and one lm_head
+        The K states go through the coda as one batch of N = K·B sequences: one call per coda layer and one lm_head
         matmul instead of K, and every row equals its own :meth:`readout` to float32 round-off, forward and
-        backward (``tests/test_looped.py``, ``tests/test_step.py``). Backward then runs the K read-outs first, as
-        one batch, and keeps the (K, B, T, H) gradient of the stacked states until the earliest read iteration's
-        backward (``par_ray.planner``).
+        backward (``tests/test_looped.py``, ``tests/test_step.py``). The coda's mask is built for the N rows as
+        :meth:`iterate` builds it for B (the same layout, so compiled layers see the same kind of call, only a
+        larger batch). Backward then runs the K read-outs first, as one batch, and keeps the (K, B, T, H) gradient
+        of the stacked states until the earliest read iteration's backward (``par_ray.planner``).
         """
         states_KBTH = states[0][None] if len(states) == 1 else torch.stack(states)
-        logits_NQV = self.readout(states_KBTH.flatten(0, 1), read_positions_Q, pos, mask)
+        states_NTH = states_KBTH.flatten(0, 1)
+        mask = self._local(causal_mask(self.config, states_NTH), states_NTH, self.coda_window)
+        logits_NQV = self.readout(states_NTH, read_positions_Q, pos, mask)
         return logits_NQV.unflatten(0, states_KBTH.shape[:2])
 
     def decode(self, input_ids_BT: torch.Tensor, cache) -> torch.Tensor:
