@@ -45,19 +45,24 @@ def test_bad_split_raises_naming_field(split):
         LoopedLM(_parent("tiny-qwen2"), split=split)
 
 
-def _state_rms_per_iteration(looped, ids, R):
-    """Hook the per-iteration states by reading them out of a patched readout."""
+def _states_per_iteration(looped, ids, R):
+    """Every iteration's state s_1..s_R, (B, T, H) each, as :meth:`LoopedLM.iterate` hands them to the read-out.
+
+    With autograd on, ``read="all"`` reads every iteration out together after the loop, in one
+    :meth:`LoopedLM._read_stacked` over the list of states; the spy keeps that list (the states themselves, in the
+    autograd graph, not slices of their stack)."""
     states = []
-    orig = looped.readout
+    orig = looped._read_stacked
 
-    def spy(state, reads, pos, mask):
-        states.append(state)
-        return orig(state, reads, pos, mask)
+    def spy(states_K, reads, pos):
+        states.extend(states_K)
+        return orig(states_K, reads, pos)
 
-    looped.readout = spy
-    looped.iterate(ids, torch.arange(ids.shape[1]), R=R, read="all")
-    looped.readout = orig
-    return states
+    looped._read_stacked = spy
+    out = looped.iterate(ids, torch.arange(ids.shape[1]), R=R, read="all")
+    del looped._read_stacked
+    assert len(states) == R, "every iteration's state reaches the read-out"
+    return states, out
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -66,35 +71,25 @@ def test_anchoring_keeps_every_token_at_first_iteration_rms(name):
     with torch.no_grad():  # make the adapter non-trivial so the states really drift without anchoring
         looped.adapter.weight.add_(0.3 * torch.randn_like(looped.adapter.weight))
     ids = torch.randint(0, 32, (2, 9))
-    states = _state_rms_per_iteration(looped, ids, R=6)
+    states, _ = _states_per_iteration(looped, ids, R=6)
     ref = token_rms(states[0])
     for s in states[1:]:
         assert ((token_rms(s) - ref).abs() / ref).max().item() <= 1e-5
     free = LoopedLM(_parent(name), anchoring=False)
     free.adapter.load_state_dict(looped.adapter.state_dict())
-    drift = _state_rms_per_iteration(free, ids, R=6)
+    drift, _ = _states_per_iteration(free, ids, R=6)
     assert ((token_rms(drift[-1]) - token_rms(drift[0])).abs() / token_rms(drift[0])).max().item() > 1e-3
 
 
 def test_no_gradient_flows_through_anchoring_reference():
     looped = LoopedLM(_parent("tiny-qwen2"), anchoring=True)
     ids = torch.randint(0, 32, (2, 7))
-    reads = torch.tensor([6])
-    captured = {}
-    orig = looped.readout
-
-    def spy(state, r, pos, mask):
-        captured.setdefault("s", []).append(state)
-        return orig(state, r, pos, mask)
-
-    looped.readout = spy
-    out = looped.iterate(ids, reads, R=3, read="all")
-    s1, s3 = captured["s"][0], captured["s"][2]
+    (s1, _, s3), out = _states_per_iteration(looped, ids, R=3)
     # d s3 / d s1: with the reference detached, s3 depends on s1 only through the recurrence input, so the gradient of
     # ||s3 rms|| wrt s1 through the reference is zero: rescaled rms equals the detached ref exactly.
     g = torch.autograd.grad(token_rms(s3).sum(), s1, allow_unused=True)[0]
     assert g is None or g.abs().max().item() < 1e-6
-    assert out.logits_KBQV.shape == (3, 2, 1, 32)
+    assert out.logits_KBQV.shape == (3, 2, 7, 32)
 
 
 def test_gradient_window_runs_earlier_iterations_without_grad():
