@@ -98,7 +98,7 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
     if spec.search is not None:
         p.add_argument("--metric", default=None,
                        help=f"metric to optimize (default {spec.search.metric}): G, G_interp (the interpolated G), "
-                            "acc_longest, acc_d<D>, loss …")
+                            "G_lo, G_interp_lo (their lower 95 % bounds), acc_longest, acc_d<D>, loss …")
         p.add_argument("--num-samples", type=int, default=None, help=f"trials (default {spec.search.num_samples})")
     a = p.parse_args(argv)
     if getattr(a, "num_samples", None) is not None and a.num_samples < 1:
