@@ -304,3 +304,18 @@ def test_presets_sample_near_the_crossing():
         assert ev.bracket_max_sequences >= 4 * ev.num_sequences_fine and ev.bootstrap_resamples >= 1000
     smoke = validate(from_flat(smoke_overrides(local_trial()), base=local_trial())).eval
     assert 0 < smoke.bracket_max_sequences <= 64  # the smoke test exercises it, cheaply
+
+
+def test_eval_progress_adds_a_block_near_the_crossing_to_the_work_it_knows():
+    from par_ray.evaluation import EvalProgress
+
+    lines, now = [], [0.0]
+    progress = EvalProgress(lines.append, "accuracy", (4, 8), iterations=lambda d: 1, every_s=1,
+                            clock=lambda: now[0], sequences={4: 10, 8: 10}.get)
+    now[0] = 36.0
+    progress(4, 1, 1)
+    progress(8, 1, 1)  # the first pass: 10·4 + 10·8 = 120 units, done
+    now[0] = 60.0
+    progress(8, 1, 2, 10)  # a block of 10 at d = 8 (80 units) in 2 batches: 160 of 200 done in 60 s
+    assert lines[-1] == ("evaluation (accuracy): d=8 +10 near the crossing batch 1/2, depth 2/2, 1m00s elapsed, "
+                         "ETA ~15s")
