@@ -201,14 +201,18 @@ def test_the_minimum_is_drawn_even_where_the_interval_already_excludes_the_midpo
 
 
 def test_adaptive_sampling_follows_a_crossing_that_more_data_moves():
-    """The first pass reads depth 6 as 0.0 (a misleading sample; its true accuracy is 0.8): the bracket is (5, 6).
-    The blocks at 6 show it above the midpoint, so the crossing moves to 8, and the bracket (7, 8) is sampled."""
-    task = FakeTask({4: 0.95, 5: 0.9, 6: 0.8, 7: 0.6, 8: 0.3, 9: 0.1}, first_pass={6: 0.0})
+    """The first pass reads depth 6 low (its rows right with probability 0.2, the model's true accuracy there being
+    0.8): the bracket is (5, 6). The blocks that give 6 its minimum show it above the midpoint, so the crossing moves
+    to 8, and the new bracket (7, 8) is sampled in turn; 4 and 9 never are."""
+    task = FakeTask({4: 0.95, 5: 0.9, 6: 0.8, 7: 0.6, 8: 0.3, 9: 0.1}, first_pass={6: 0.2})
     ev = EvalConfig(depths=(4, 5, 6, 7, 8, 9), num_sequences=16, batch_size=16, bracket_max_sequences=256,
-                    bracket_block=16)
+                    bracket_min_sequences=64, bracket_block=16)
+    first = {d: (right, n) for d, (right, n) in _run(FakeTask(task.p, task.first_pass),
+                                                    EvalConfig(depths=ev.depths, num_sequences=16)).items()}
+    assert bracketing_depths(first, 0.5) == (5, 6)  # what the first pass alone reads
     counts = _run(task, ev)
     blocks = {d: sum(1 for dd, _, s in task.drawn if dd == d and s > 0) for d in ev.depths}
-    assert blocks[6] > 0 and blocks[8] > 0 and blocks[4] == blocks[9] == 0
+    assert blocks[5] > 0 and blocks[6] > 0 and blocks[7] > 0 and blocks[8] > 0 and blocks[4] == blocks[9] == 0
     assert counts[6][0] / counts[6][1] > 0.5  # 6 ends above the midpoint
     assert bracketing_depths(counts, 0.5) == (7, 8)
 
