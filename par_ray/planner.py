@@ -588,7 +588,9 @@ def plan_evaluation(cfg: TrialConfig) -> EvalMemoryPlan:
         ep = task.sample(depth, 1, seed=0)
         return int(ep.input_ids.shape[1]), int(ep.read_positions.numel())
 
-    B = min(ev.batch_size, -(-ev.num_sequences // N))
+    # rows per forward: a test set's (or a block's near the crossing, eval.bracket_*) share per GPU, in batches
+    rows = max(ev.num_sequences, ev.bracket_block if ev.bracket_max_sequences else 0)
+    B = min(ev.batch_size, -(-rows // N))
     T, Q = prompt(max(ev.depths))
     plain = forward(B, T, Q, b + 4)
     halting = stacked = 0

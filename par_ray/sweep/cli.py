@@ -87,7 +87,7 @@ def build_parser(spec: SweepSpec) -> argparse.ArgumentParser:
     if spec.search is not None:
         what.add_argument("--metric", default=None,
                           help=f"metric to optimize (default {spec.search.metric}): G, G_interp (the interpolated G), "
-                               "acc_longest, acc_d<D>, loss …")
+                               "G_lo, G_interp_lo (their lower 95 % bounds), acc_longest, acc_d<D>, loss …")
         what.add_argument("--num-samples", type=int, default=None,
                           help=f"trials (default {spec.search.num_samples})")
     where = p.add_argument_group("where the results go")

@@ -24,7 +24,7 @@ import time
 
 from par_ray import presets
 from par_ray.config import from_flat, parse_overrides, to_flat
-from par_ray.evaluation import Extrapolation, format_G
+from par_ray.evaluation import extrapolation_from_metrics, format_G, format_interval
 from par_ray.model.registry import BACKBONES
 from par_ray.recipes import apply_recipe
 from par_ray.tracking_schema import depth_metric, g_metric
@@ -182,21 +182,57 @@ def _has_ray_checkpoints(storage: str, name: str) -> bool:
     return os.path.isfile(os.path.join(storage, name, "checkpoint_manager_snapshot.json"))
 
 
+def g_summary_lines(ex, max_depth: int) -> list[str]:
+    """The printed G lines: the paper's first-crossing G (the headline) and the interpolated G, each with d50 and,
+    when measured, its 95 % interval (``par_ray.evaluation.format_interval``)."""
+    def with_interval(interpolated: bool) -> str:
+        text = format_interval(ex, interpolated)
+        return f", 95 % interval {text}" if text else ""
+
+    d50 = f"{ex.d50}" if ex.d50 is not None else f"> {max_depth}"
+    lines = [f"G = {format_G(ex)}{with_interval(False)}   (d50 = {d50}: the first test depth below the midpoint, "
+             "the paper's G)"]
+    if ex.G_interp is not None:
+        d50_interp = f"{ex.d50_interp:.1f}" if ex.d50_interp is not None else f"> {max_depth}"
+        lines.append(f"G (interpolated) = {format_G(ex, interpolated=True)}{with_interval(True)}   (d50 = "
+                     f"{d50_interp}, on the line between the test depths around the midpoint)")
+    if ex.interval is not None:
+        lines.append("95 % intervals: bootstrap over the test sequences of every depth (eval.bootstrap_resamples); "
+                     "≥: past the largest test depth")
+    return lines
+
+
+def interval_result(ex) -> dict:
+    """``result.json``'s intervals of d50, G and the interpolated G: ``{"d50_interval_95": [lo, hi], …,
+    "G_interval_censored": [lo, hi]}`` (a censored bound: its d50 ``null``, its G max tested depth / d_train, a lower
+    bound); empty without an interval."""
+    iv = ex.interval
+    if iv is None:
+        return {}
+    return {"d50_interval_95": [iv.d50_lo, iv.d50_hi], "G_interval_95": [iv.G_lo, iv.G_hi],
+            "d50_interp_interval_95": [iv.d50_interp_lo, iv.d50_interp_hi],
+            "G_interp_interval_95": [iv.G_interp_lo, iv.G_interp_hi],
+            "G_interval_censored": [iv.lo_censored, iv.hi_censored]}
+
+
 def stopping_summary(metrics: dict, depths) -> dict | None:
     """For a trial with a halting read-out (it logged ``halt_acc_d{D}``): full-state accuracy per test depth when the
     model stops itself (the primary rule), at R = ⌈d/c⌉ and at the oracle best fixed R, with the G of each (issue 22,
     part 3), as ``{"table": markdown text, "result": {stopping: {"acc": {d: fraction}, "G", "G_censored",
-    "G_interp"}}}``; ``None`` for a trial without one."""
+    "G_interp", and the 95 % intervals of :func:`interval_result` when logged}}}``; ``None`` for a trial without
+    one."""
     columns = (("own halting", "halt", "halt_acc"), ("R = ⌈d/c⌉", "ceil", "acc"), ("best fixed R", "best", "best_acc"))
     if any(depth_metric("halt_acc", d) not in metrics for d in depths):
         return None
     result, rows = {}, []
     for label, stop, kind in columns:
+        ex = extrapolation_from_metrics(metrics, stop)
         result[stop] = {"acc": {d: metrics.get(depth_metric(kind, d), float("nan")) for d in depths},
-                        **{k: metrics.get(g_metric(k, stop)) for k in ("G", "G_censored", "G_interp")}}
+                        **{k: metrics.get(g_metric(k, stop)) for k in ("G", "G_censored", "G_interp")},
+                        **(interval_result(ex) if ex is not None else {})}
     lines = ["", "stopping: " + ", ".join(
-        f"{label} G = {'≥ ' if result[stop]['G_censored'] else ''}{result[stop]['G']:.2f}"
-        for label, stop, _ in columns if result[stop]["G"] is not None),
+        f"{label} G = {format_G(ex)}" + (f" {format_interval(ex)}" if ex.interval else "")
+        for label, stop, _ in columns if (ex := extrapolation_from_metrics(metrics, stop)) is not None),
         "| depth | own halting | R = ⌈d/c⌉ | best fixed R (R) |", "|---:|---:|---:|---:|"]
     for d in depths:
         best_R = metrics.get(depth_metric("best_iter", d))
@@ -260,18 +296,16 @@ def main(argv=None) -> int:
         os.replace(partial, final)
     m = result.metrics
     acc = {d: m[depth_metric("acc", d)] for d in cfg.eval.depths}
-    ex = Extrapolation(d50=int(m["d50"]) if "d50" in m else None, G=m["G"], censored=bool(m["G_censored"]),
-                       midpoint=(m["chance"] + 1) / 2, d50_interp=m.get("d50_interp"), G_interp=m.get("G_interp"))
+    ex = extrapolation_from_metrics(m)
     print(f"\naccuracy by depth ({cfg.task.name}, {cfg.recipe.name}, {cfg.backbone.name}, d_train={cfg.task.train_depth})")
-    print("| depth | multiple | full-state acc | 95 % interval | per-query acc |\n|---:|---:|---:|---:|---:|")
+    print("| depth | multiple | full-state acc | 95 % interval | sequences | per-query acc |\n"
+          "|---:|---:|---:|---:|---:|---:|")
     for d in cfg.eval.depths:
         lo, hi = m.get(depth_metric("acc_lo", d), float("nan")), m.get(depth_metric("acc_hi", d), float("nan"))
         print(f"| {d} | {d / cfg.task.train_depth:.3g}× | {acc[d]:.3f} | {lo:.3f}–{hi:.3f} | "
-              f"{m[depth_metric('acc_query', d)]:.3f} |")
-    interp = ("" if ex.d50_interp is None
-              else f" (interpolated {ex.d50_interp:.1f}, G {format_G(ex, interpolated=True)})")
-    print(f"d50 = {ex.d50 if ex.d50 is not None else f'> {max(cfg.eval.depths)}'}{interp}   G = {format_G(ex)}   "
-          f"train time {m['train_seconds']:.0f} s, evaluation {m.get('eval_seconds_total', float('nan')):.0f} s "
+              f"{m.get(depth_metric('sequences', d), float('nan')):.0f} | {m[depth_metric('acc_query', d)]:.3f} |")
+    print("\n".join(g_summary_lines(ex, max(cfg.eval.depths))))
+    print(f"train time {m['train_seconds']:.0f} s, evaluation {m.get('eval_seconds_total', float('nan')):.0f} s "
           f"(wall {time.time() - t0:.0f} s)")
     stopping = stopping_summary(m, cfg.eval.depths)
     if stopping:
@@ -281,8 +315,9 @@ def main(argv=None) -> int:
                    "accuracy_by_depth_per_query": {d: m[depth_metric("acc_query", d)] for d in cfg.eval.depths},
                    "accuracy_interval_95": {d: [m.get(depth_metric("acc_lo", d)), m.get(depth_metric("acc_hi", d))]
                                             for d in cfg.eval.depths},
+                   "sequences_by_depth": {d: m.get(depth_metric("sequences", d)) for d in cfg.eval.depths},
                    "d50": ex.d50, "G": ex.G, "G_censored": ex.censored, "d50_interp": ex.d50_interp,
-                   "G_interp": ex.G_interp, "chance": m["chance"],
+                   "G_interp": ex.G_interp, **interval_result(ex), "chance": m["chance"],
                    "train_seconds": m["train_seconds"], "eval_seconds": m.get("eval_seconds_total"),
                    "wall_seconds": time.time() - t0,
                    "final_loss": m["loss"], "config": to_flat(cfg)}, f, indent=2)
