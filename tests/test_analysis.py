@@ -442,12 +442,14 @@ def test_no_log_says_so_and_empty_data_frames_write_no_file(store, tmp_path, cap
     assert "not logged to MLflow (--no-log)" in capsys.readouterr().out
     full = analyze(EXPERIMENT, store["parent"], store["uri"], tmp_path / "b", log_artifacts=False, n_boot=20)
     summary = full["summary"]
-    no_halting = SimpleNamespace(**{k: getattr(summary, k) for k in ("accuracy", "per_seed", "G", "iterations")},
+    no_halting = SimpleNamespace(**{k: getattr(summary, k) for k in ("accuracy", "per_seed", "G", "iterations",
+                                                                     "intervals", "interval_spread")},
                                  **{k: getattr(summary, k).clear() for k in ("halting", "stopping_accuracy",
                                                                              "stopping_G")})
     names = {p.name for p in _write_data(full["frames"], no_halting, tmp_path)}
     assert not names & {"halting.csv", "accuracy_by_stopping.csv", "G_by_stopping.csv"}
     assert {"trials.csv", "accuracy.csv"} <= names
+    assert ("per_seed_intervals.csv" in names) == (summary.intervals.height > 0)  # written only when logged
     assert not (tmp_path / "halting.csv").exists()
     assert {"halting.csv", "accuracy_by_stopping.csv", "G_by_stopping.csv"} <= {p.name for p in full["data"]}
 
