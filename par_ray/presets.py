@@ -106,25 +106,29 @@ def scaled_depths(depths: typing.Sequence[int], train_depth: int, new_train_dept
 LOCAL_CURRICULUM_DEPTH = 16
 """d_train of :data:`LOCAL_CURRICULUM`: the length the curriculum ramps to."""
 LOCAL_CURRICULUM = {
-    "task.train_depth": LOCAL_CURRICULUM_DEPTH, "task.curriculum": (6, 11), "task.curriculum_steps": 500,
+    "task.train_depth": LOCAL_CURRICULUM_DEPTH, "task.curriculum": (6, 11), "task.curriculum_steps": 1000,
     "recipe.state_noise": 0.1,
-    "train.steps": 1500, "train.eval_every": 1500, "train.checkpoint_every": 500,
+    "train.steps": 3000, "train.eval_every": 3000, "train.checkpoint_every": 1000,
     "eval.depths": fine_depths(LOCAL_CURRICULUM_DEPTH, 8 * LOCAL_CURRICULUM_DEPTH),
     "eval.num_sequences": 128, "eval.num_sequences_fine": 32, "eval.batch_size": 128,
-    "eval.bracket_max_sequences": 512, "eval.bracket_min_sequences": 256, "eval.bracket_block": 128,
-    "train.compile": True, "recipe.read_every": 2,
+    "eval.bracket_max_sequences": 1024, "eval.bracket_min_sequences": 512, "eval.bracket_block": 128,
+    "train.compile": True, "recipe.read_every": 1,
 }
-"""A length curriculum at a local sweep's budget (docs/experiments.md §21, arm "c16 noise"): d_train ramps 6 → 11 → 16
-over 1,500 steps (500 per phase; the iterations before the gradient window run without autograd), state noise σ 0.1,
-tests on the fine grid to 8× (16 … 128: every depth to 32, then ratio ≤ 1.25; 128 sequences at 16 / 32 / 64 / 128
-and 32 at the 21 depths between; then blocks of 128 at the two depths that bracket the midpoint crossing until each
-has >= 256 and its 95 % interval excludes the midpoint, or 512: ``eval.bracket_*``), decoder layers compiled (``train.compile``: a step at d_train 16 ~20 % faster
-after a one-time compile of ~1 min per trial, the same math up to float round-off; docs/experiments.md §25), every
-other iteration of the gradient window read out, in phase with ⌈d/c⌉ (``recipe.read_every``: ~20 % off a trial's
-training; the main job 40 min instead of ~1 h, at a lower G on tiny-qwen3; docs/experiments.md §26).
-With :data:`LOCAL_LOOP_OPTIONS` and :data:`LOCAL_PROGRESS_OPTIONS` it read 0.85 / 0.56 / 0.13 at 1× / 2× / 4×, G 3
-(tiny-qwen3, seed 0) in ~15 min on one core of the reference machine; twice the steps reach G ≥ 4 on every seed
-(docs/results.md) but cost twice that, over the local sweeps' budgets."""
+"""The length curriculum that extrapolates at CPU scale (docs/experiments.md §28): d_train ramps 6 → 11 → 16 over
+3,000 steps (1,000 per phase; the iterations before the gradient window run without autograd), state noise σ 0.1,
+every iteration of the gradient window read out (``recipe.read_every`` 1: reading every other one cut G to 1.9–3.0 on
+seeds 3 and 4, §28), decoder layers compiled (``train.compile``: a step ~20 % faster after a one-time compile of ~1
+min per trial, the same math up to float round-off, §25). Tests once, at the end, on the fine grid to 8× (16 … 128:
+every depth to 32, then ratio ≤ 1.25; 128 sequences at 16 / 32 / 64 / 128 and 32 at the 21 depths between), then
+blocks of 128 at the two depths that bracket the midpoint crossing until each has >= 512 and its 95 % interval
+excludes the midpoint, or 1,024 (``eval.bracket_*``). A trial trains ~28 min on one core of the reference machine."""
+LOCAL_CURRICULUM_SHORT = {**LOCAL_CURRICULUM, "task.curriculum_steps": 500, "train.steps": 1500,
+                          "train.eval_every": 1500, "train.checkpoint_every": 500, "recipe.read_every": 2,
+                          "eval.bracket_max_sequences": 512, "eval.bracket_min_sequences": 256}
+""":data:`LOCAL_CURRICULUM` at half the steps (500 per phase) and every other iteration of the gradient window read
+out, in phase with ⌈d/c⌉ (``recipe.read_every`` 2, ~20 % off a step), brackets of 256 to 512 sequences: the budget of
+the local ablations sweep (9 trials in ~1 h on 2 cores; docs/experiments.md §26). It does not extrapolate far (the
+main job on it read G 1.19 ± 0.17 / 1.35 ± 0.31 over 3 seeds, §26); it compares recipes at equal cost."""
 
 
 def local_trial(backbone: str = "tiny-qwen2", task: str = "swap_s5", seed: int = 0) -> TrialConfig:

@@ -8,7 +8,8 @@ across the preset's backbones × seeds. Task: S5 under the ``paper`` preset (the
 The ``local`` preset asks the question a laptop can answer — do the method's progress alignment and anchoring move
 G? — on the recipe that extrapolates at CPU scale: ``par``, ``no_anchor`` and ``final_answer`` on swap-S5 (the tiny
 CPU models stay near chance on S5, docs/experiments.md §11, §15), tiny-qwen3 × 3 seeds, 9 trials of 1,500 steps on the
-length curriculum 6 → 11 → 16 with state noise σ 0.1 (``presets.LOCAL_CURRICULUM``), tested on the fine grid 16 … 128.
+length curriculum 6 → 11 → 16 with state noise σ 0.1 (``presets.LOCAL_CURRICULUM_SHORT``: the main job's curriculum at
+half its steps), tested on the fine grid 16 … 128.
 All three share experiment 9's loop options (``presets.LOCAL_LOOP_OPTIONS``: slack iterations, adapter α, attention
 windows); ``par`` and ``no_anchor`` add its progress-aligned part without the fixed-point loss
 (:data:`ABLATION_PROGRESS_OPTIONS`), ``final_answer`` trains z_d at every iteration instead
@@ -29,7 +30,7 @@ import sys
 
 from par_ray import presets
 from par_ray.config import TrialConfig, with_overrides
-from par_ray.presets import LOCAL_CURRICULUM, LOCAL_FINAL_OPTIONS, LOCAL_LOOP_OPTIONS, LOCAL_PROGRESS_OPTIONS
+from par_ray.presets import LOCAL_CURRICULUM_SHORT, LOCAL_FINAL_OPTIONS, LOCAL_LOOP_OPTIONS, LOCAL_PROGRESS_OPTIONS
 from par_ray.recipes import final_answer
 from par_ray.sweep import SweepSpec, main
 
@@ -51,10 +52,10 @@ LOCAL_CELLS = tuple({"recipe": r, "task.name": LOCAL_TASK, **options} for r, opt
     ("par", ABLATION_PROGRESS_OPTIONS), ("no_anchor", ABLATION_PROGRESS_OPTIONS),
     ("final_answer", LOCAL_FINAL_OPTIONS)))
 """The local comparison (module docstring): PAR against its two ablations that the paper reports as lowering G."""
-LOCAL_BUDGET = {**LOCAL_LOOP_OPTIONS, **LOCAL_CURRICULUM}
+LOCAL_BUDGET = {**LOCAL_LOOP_OPTIONS, **LOCAL_CURRICULUM_SHORT}
 """The local loop (``presets.LOCAL_LOOP_OPTIONS``) on the length curriculum 6 → 11 → 16 with state noise σ 0.1
-(``presets.LOCAL_CURRICULUM``: 1,500 steps, every other window iteration read out, one evaluation at the end on the
-fine grid 16 … 128)."""
+(``presets.LOCAL_CURRICULUM_SHORT``: 1,500 steps, every other window iteration read out, one evaluation at the end on
+the fine grid 16 … 128)."""
 
 SPEC = SweepSpec(
     name="ablations",

@@ -114,14 +114,16 @@ def test_backbone_scaling_local_grid_is_two_tiny_families_times_three_seeds():
     plan = sweep.build_plan(spec, Options(preset="local"), "local")
     assert sorted((c.backbone.name, c.train.seed) for _, c in plan.trials) == [
         (b, s) for b in ("tiny-qwen2", "tiny-qwen3") for s in (0, 1, 2)]
-    # locally the best recipe that fits the budget: experiment 9's loop and progress options on the curriculum
+    # locally the recipe that extrapolates: experiment 9's loop and progress options on the curriculum (§28)
     for _, c in plan.trials:
         assert (c.recipe.name, c.recipe.dense_targets, c.recipe.targets, c.recipe.fixed_point_weight,
                 c.recipe.state_noise, c.task.given_prefix, c.backbone.attention_window) == ("par", True, "done", 1.0,
                                                                                             0.1, 12, 2)
-        assert (c.task.train_depth, c.task.curriculum, c.train.steps) == (16, (6, 11), 1500)
+        assert (c.task.train_depth, c.task.curriculum, c.task.curriculum_steps, c.train.steps) == (16, (6, 11), 1000,
+                                                                                                    3000)
         assert c.train.compile  # the local sweeps compile their decoder layers (docs/experiments.md §25) ...
-        assert c.recipe.read_every == 2  # ... and read out every other window iteration (§26)
+        assert c.recipe.read_every == 1  # ... and read out every window iteration (reading every other one: §28)
+        assert (c.eval.bracket_min_sequences, c.eval.bracket_max_sequences) == (512, 1024)  # G judged on >= 512
     smoke = sweep.build_plan(spec, Options(preset="local", smoke_test=True), "local")
     assert not any(c.train.compile for _, c in smoke.trials)  # ... but not for a smoke test's 4 steps
     # the paper preset picks the parallel strategy by size, with the planner: every trial fits 90 % of an 80 GB GPU
