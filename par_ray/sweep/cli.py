@@ -94,7 +94,8 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
                         "JSON (its measured MFU); default: par_ray/hardware.py's table")
     p.add_argument("--max-usd", type=_usd, default=None, metavar="X",
                    help="refuse to start (exit 2, nothing started) when the planned on-demand cost of the sweep "
-                        "exceeds X dollars; the dry run prints the plan, then refuses the same way")
+                        "exceeds X dollars, or cannot be planned (a trial without a price); the dry run prints the "
+                        "plan, then refuses the same way. inf: no cap, but every trial must be priced")
     if spec.search is not None:
         p.add_argument("--metric", default=None,
                        help=f"metric to optimize (default {spec.search.metric}): G, G_interp (the interpolated G), "
