@@ -746,3 +746,26 @@ def test_a_parent_tokenizer_that_cannot_render_the_task_is_refused_before_ray_st
     assert err.startswith("error: pretrained parents missing or unusable (nothing was started):")
     assert f"tiny-qwen2 ({path}): task.name: 'swap_s5' does not render through backbone.pretrained's tokenizer" in err
     assert not ray.is_initialized() and not storage.exists()
+
+
+def test_a_search_resumed_shows_no_optuna_warning_for_the_reports_its_trials_replay():
+    """``OptunaSearch`` reports Tune's iteration count as Optuna's step, which a resumed trial counts from 1 anew:
+    Optuna ignores those values (the search uses final values only) and warns about each; the sweep drops that
+    warning, and only that one."""
+    import warnings
+
+    import optuna
+
+    from par_ray.sweep.run import _quiet_optuna_replays
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    trial = optuna.create_study().ask()
+    trial.report(1.0, 1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with _quiet_optuna_replays():
+            trial.report(2.0, 1)
+            warnings.warn("another warning")
+    assert [str(w.message) for w in seen] == ["another warning"]
+    with pytest.warns(UserWarning, match=r"this `step=1` is already reported"):
+        trial.report(3.0, 1)

@@ -397,12 +397,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
         _clear_not_retryable_markers(train_storage)
         _repair_trial_storage(train_storage)
     try:
-        with _sigterm_as_ctrl_c(tracker), warnings.catch_warnings():
-            # A resumed or retried trial runs its function again and Tune counts its reports from 1 anew; Optuna keeps
-            # the value first reported at each count and warns about every later one. The search reads each trial's
-            # final value only (OptunaSearch.on_trial_complete; ASHA reads the step), so nothing it uses is dropped.
-            warnings.filterwarnings("ignore", message=r"The reported value is ignored because this `step=\d+` is "
-                                                      r"already reported")
+        with _sigterm_as_ctrl_c(tracker), _quiet_optuna_replays():
             results = tuner.fit()
     except BaseException as e:
         closed = _close_runs(tracker)
@@ -541,6 +536,19 @@ def _sigterm_as_ctrl_c(tracker):
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _quiet_optuna_replays():
+    """Without Optuna's warning "The reported value is ignored because this `step=N` is already reported". A resumed
+    or retried trial runs its function again and Tune counts its reports from 1 anew (``OptunaSearch`` reports
+    ``training_iteration`` as Optuna's step); Optuna keeps the value first reported at each count and warns about each
+    later one. The search reads each trial's final value only (``OptunaSearch.on_trial_complete``; ASHA reads the
+    trial's ``step``), so nothing it uses is dropped."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"The reported value is ignored because this `step=\d+` is "
+                                                  r"already reported")
+        yield
 
 
 def _check_resume_overrides(sweep: str, experiment_path: str, uri: str, overrides: typing.Mapping[str, str]) -> None:
