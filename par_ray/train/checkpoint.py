@@ -47,7 +47,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import typing
 from dataclasses import dataclass
 from typing import Callable
@@ -149,7 +148,8 @@ def _torch_load(path: str, map_location=None):
         return torch.load(path, map_location=map_location, weights_only=True)
     except torch.OutOfMemoryError:
         raise
-    except (pickle.UnpicklingError, EOFError, RuntimeError) as e:  # RuntimeError: a zip archive cut or overwritten
+    except Exception as e:  # damaged bytes fail anywhere in the unpickler: UnpicklingError, EOFError, RuntimeError (a
+        # zip archive cut or overwritten), UnicodeDecodeError, KeyError …; the type is named in the message
         raise ValueError(f"{path}: damaged, it does not read back as the state par_ray wrote ({type(e).__name__} "
                          f"in torch.load); rerun with --resume (a sweep) or the same command (python -m "
                          f"par_ray.train) to set this checkpoint aside and resume from the newest intact one") from None
