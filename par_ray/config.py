@@ -467,6 +467,12 @@ def config_errors(cfg: TrialConfig) -> list[str]:
         check("task.curriculum_steps", lambda: t.curriculum_steps >= 1,
               lambda: f"must be >= 1 with task.curriculum={list(t.curriculum)} (steps per phase), got "
                       f"{t.curriculum_steps}")
+        check("task.curriculum task.curriculum_steps train.steps",
+              lambda: t.curriculum_steps < 1 or len(t.curriculum) * t.curriculum_steps < tr.steps,
+              lambda: (f"its {len(t.curriculum)} phase(s) of task.curriculum_steps={t.curriculum_steps} end at step "
+                       f"{len(t.curriculum) * t.curriculum_steps}, not before train.steps={tr.steps}: the trial would "
+                       f"never train at task.train_depth={t.train_depth}, the d_train its G is measured against; "
+                       f"lower task.curriculum_steps or raise train.steps"))
     at_least("task.curriculum_steps", 0)
 
     one_of("backbone.position_scheme", POSITION_SCHEMES)
@@ -574,6 +580,10 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     at_least("recipe.fixed_point_weight", 0, " (0 = off)")
     at_least("recipe.state_noise", 0, " (0 = off)")
     at_least("recipe.position_offset", 0, " (0 = off)")
+    check("recipe.position_offset backbone.position_scheme",
+          lambda: r.position_offset == 0 or b.position_scheme == "rope",
+          lambda: (f"shifts rotary position ids, which backbone.position_scheme={b.position_scheme!r} does not use; "
+                   f"needs 'rope' (or recipe.position_offset=0)"))
     if fixed:
         check("recipe.progressive_loss", lambda: r.progressive_loss is not True,
               f"must be false with recipe.fixed_iterations={r.fixed_iterations} (R is fixed)")
@@ -789,6 +799,11 @@ def from_flat(flat: typing.Mapping[str, typing.Any], base: TrialConfig | None = 
         if name not in hints:
             errs.append(f"{key}: unknown config field (sections: {list(_SECTIONS)})")
             continue
+        if isinstance(raw, str) and not raw.strip() and _optional(hints[name]):
+            # "" could mean None or a value left out by mistake (``--set backbone.pretrained=`` with an unset shell
+            # variable would train a random-init parent without a word): None is spelled out
+            errs.append(f"{key}: empty; write {key}=None for none, or give a value")
+            continue
         try:
             updates.setdefault(section, {})[name] = _convert(raw, hints[name])
         except (TypeError, ValueError) as e:
@@ -796,6 +811,12 @@ def from_flat(flat: typing.Mapping[str, typing.Any], base: TrialConfig | None = 
     if errs:
         raise ValueError("invalid trial config:\n  - " + "\n  - ".join(errs))
     return replace(cfg, **{s: replace(getattr(cfg, s), **u) for s, u in updates.items()}, stages=stages)
+
+
+def _optional(hint: typing.Any) -> bool:
+    """Whether a field's type hint is ``X | None``."""
+    return (typing.get_origin(hint) in (typing.Union, getattr(__import__("types"), "UnionType", None))
+            and type(None) in typing.get_args(hint))
 
 
 def _convert(raw: typing.Any, hint: typing.Any) -> typing.Any:

@@ -206,16 +206,24 @@ def load_table(path: str | None = None) -> Table:
     if "sections" in data and "schema" in data:  # the GPU check's output
         data = _from_gpu_check(data, path)
     table = Table(source=str(path))
-    errs = []
-    for kind, phases in (data.get("mfu") or {}).items():
-        for phase, value in (phases or {}).items():
+    errs = [f"{k}: unknown section; sections: ['devices', 'mfu']" for k in data if k not in ("devices", "mfu")]
+    mfu = data.get("mfu") or {}
+    for kind, phases in (mfu.items() if isinstance(mfu, dict) else [("", mfu)]):
+        for phase, value in (phases.items() if isinstance(phases, dict) else [("", phases)]):
             if kind not in table.mfu or phase not in ("train", "eval") or not _fraction(value):
                 errs.append(f"mfu.{kind}.{phase}: expected mfu.gpu|cpu.train|eval in (0, 1], got {value!r}")
             else:
                 table.mfu[kind][phase] = float(value)
     fields = set(Device.__dataclass_fields__)
-    for name, entry in (data.get("devices") or {}).items():
-        unknown = set(entry or {}) - fields
+    devices = data.get("devices") or {}
+    if not isinstance(devices, dict):
+        errs.append(f"devices: expected a table of device names, got {devices!r}")
+        devices = {}
+    for name, entry in devices.items():
+        if not isinstance(entry, dict):
+            errs.append(f"devices.{name}: expected a table of fields {sorted(fields)}, got {entry!r}")
+            continue
+        unknown = set(entry) - fields
         if unknown:
             errs.append(f"devices.{name}: unknown field(s) {sorted(unknown)}; fields: {sorted(fields)}")
             continue
@@ -229,19 +237,50 @@ def load_table(path: str | None = None) -> Table:
         except TypeError as e:
             errs.append(f"devices.{name}: {e}")
             continue
-        for k in ("mfu_train", "mfu_eval"):
-            if getattr(dev, k) is not None and not _fraction(getattr(dev, k)):
-                errs.append(f"devices.{name}.{k}: must be in (0, 1], got {getattr(dev, k)!r}")
-        if dev.peak_tflops is not None and not (isinstance(dev.peak_tflops, (int, float)) and dev.peak_tflops > 0):
-            errs.append(f"devices.{name}.peak_tflops: must be > 0, got {dev.peak_tflops!r}")
+        errs += device_errors(name, dev)
         table.devices[name] = dev
     if errs:
-        raise ValueError(f"--prices {path}:\n  - " + "\n  - ".join(errs))
+        raise ValueError(f"--prices {path}: " + "; ".join(errs))
     return table
 
 
+def device_errors(name: str, dev: Device) -> list[str]:
+    """Every problem of ``dev`` (the device ``name`` of a price file, :func:`load_table`) as ``"devices.<name>.<field>:
+    message"`` strings: numbers of the right type and range (memory > 0 GB, 0 for ``CPU`` allowed; peak > 0 or
+    unset; MFU in (0, 1] or unset; per node type at least one device and prices >= 0), text where text belongs."""
+    errs = []
+
+    def check(field: str, ok: bool, expected: str, value: typing.Any) -> None:
+        if not ok:
+            errs.append(f"devices.{name}.{field}: expected {expected}, got {value!r}")
+
+    low = 0 if name == "CPU" else None
+    check("memory_gb", _number(dev.memory_gb) and (dev.memory_gb > 0 or dev.memory_gb == low),
+          "GB per device > 0" + (" (0 for CPU workers)" if low is not None else ""), dev.memory_gb)
+    check("peak_tflops", dev.peak_tflops is None or (_number(dev.peak_tflops) and dev.peak_tflops > 0),
+          "TFLOP/s per device > 0", dev.peak_tflops)
+    for k in ("mfu_train", "mfu_eval"):
+        check(k, getattr(dev, k) is None or _fraction(getattr(dev, k)), "a fraction in (0, 1]", getattr(dev, k))
+    for k in ("peak_source", "mfu_source"):
+        check(k, isinstance(getattr(dev, k), str), "text", getattr(dev, k))
+    for i, n in enumerate(dev.nodes):
+        where = f"nodes[{i}]"
+        check(f"{where}.gpus", isinstance(n.gpus, int) and not isinstance(n.gpus, bool) and n.gpus >= 1,
+              "devices per node, an integer >= 1", n.gpus)
+        for k in ("on_demand", "spot"):
+            check(f"{where}.{k}", _number(getattr(n, k)) and getattr(n, k) >= 0, "USD per node-hour >= 0",
+                  getattr(n, k))
+        for k in ("node", "cloud", "region", "date", "source"):
+            check(f"{where}.{k}", isinstance(getattr(n, k), str), "text", getattr(n, k))
+    return errs
+
+
+def _number(value: typing.Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _fraction(value: typing.Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1 and math.isfinite(value)
+    return _number(value) and 0 < value <= 1
 
 
 def ray_accelerator_type(device_name: str) -> str:

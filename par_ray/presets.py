@@ -315,13 +315,16 @@ def smoke_overrides(cfg: TrialConfig) -> dict[str, object]:
     of the doublings d_train × 1, 2, 4 … (``EvalConfig.coarse_depths``: a fine grid's 1× and 2×) with 16 sequences
     each, evaluation, report and checkpoint every 2 steps (so every report carries G), at most one block of 16 more
     at each depth that brackets the crossing (adaptive sampling runs, cheaply), eager layers (4 steps never repay a
-    compile)."""
+    compile), and a length curriculum's phases shortened to fit the 4 steps."""
     coarse = cfg.eval.coarse_depths()
     depths = (coarse if len(coarse) >= 2 else cfg.eval.depths)[:2]
+    steps = 4
+    curriculum = {"task.curriculum_steps": max(1, steps // (len(cfg.task.curriculum) + 1))} if cfg.task.curriculum \
+        else {}  # every phase within the 4 steps, the last (d_train) included
     return {
-        "train.steps": 4, "train.batch_size": 8, "train.warmup_steps": 1, "train.eval_every": 2,
+        "train.steps": steps, "train.batch_size": 8, "train.warmup_steps": 1, "train.eval_every": 2,
         "train.report_every": 2, "train.checkpoint_every": 2,
         "eval.depths": ",".join(str(d) for d in depths), "eval.num_sequences": 16, "eval.batch_size": 16,
         "eval.num_sequences_fine": 0, "eval.bracket_max_sequences": 32, "eval.bracket_min_sequences": 0,
-        "eval.bracket_block": 16, "train.compile": False,
+        "eval.bracket_block": 16, "train.compile": False, **curriculum,
     }

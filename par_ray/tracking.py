@@ -31,10 +31,14 @@ in ``<storage>/mlartifacts`` (:func:`tracking_uri`, :func:`artifact_root`).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
+import errno
+import functools
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -68,6 +72,61 @@ def redact(values: typing.Mapping[str, typing.Any]) -> dict[str, typing.Any]:
     """
     return {k: v for k, v in values.items()
             if not _SECRET_KEY.search(str(k)) and not (isinstance(v, str) and _SECRET_VALUE.search(v))}
+
+
+class TrackingStoreError(OSError):
+    """The MLflow tracking store refused a call of the sweep's driver: ``strerror`` says why (for a full disk under a
+    SQLite store, ``No space left on device (MLflow tracking store: database or disk is full)``, errno ``ENOSPC``),
+    ``filename`` names the store (the SQLite file, else the tracking URI). An ``OSError``, so a sweep reports it as one
+    ``error:`` line, as it does a full storage disk."""
+
+    @classmethod
+    def of(cls, error: BaseException, uri: str) -> "TrackingStoreError":
+        """The store error behind MLflow's ``error`` (an ``MlflowException``) at tracking URI ``uri``."""
+        text = " ".join(str(getattr(error, "message", error)).split())
+        # SQLAlchemy's text: "[(note)] (sqlite3.OperationalError) database or disk is full [SQL: …] …"
+        driver = re.search(r"\((?:\w+\.)+\w+\) (.*?)(?: \[SQL:|$)", text)
+        reason = (driver.group(1) if driver else text.split(" [SQL:")[0])[:300]
+        where = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else uri
+        if "database or disk is full" in reason or "No space left on device" in reason:
+            return cls(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (MLflow tracking store: {reason})", where)
+        return cls(errno.EIO, f"MLflow tracking store: {reason}", where)
+
+
+@contextlib.contextmanager
+def store_errors(uri: str) -> typing.Iterator[None]:
+    """Raise MLflow's errors (``MlflowException``) inside the block as :class:`TrackingStoreError` of the store at
+    ``uri``: one line, not MLflow's and SQLAlchemy's chained tracebacks (MLflow's own ERROR record of a SQLAlchemy
+    error it raises again is dropped: :data:`_RERAISED`)."""
+    logging.getLogger("mlflow.store.db.utils").addFilter(_RERAISED)  # once: the same filter object
+    try:
+        yield
+    except Exception as e:
+        from mlflow.exceptions import MlflowException
+
+        if not isinstance(e, MlflowException):
+            raise
+        raise TrackingStoreError.of(e, uri) from None
+
+
+def _store_call(method):
+    """A :class:`SweepTracker` method run under :func:`store_errors` of its tracking URI."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with store_errors(self.uri):
+            return method(self, *args, **kwargs)
+    return call
+
+
+class _ReraisedStoreErrors(logging.Filter):
+    """Drops MLflow's own ERROR record, with its traceback, of a SQLAlchemy error it raises again as an
+    ``MlflowException`` (``mlflow.store.db.utils``): the caller reports that exception."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("SQLAlchemy database error")
+
+
+_RERAISED = _ReraisedStoreErrors()
 
 
 def tracking_uri(flag: str | None, storage: str) -> str:
@@ -135,7 +194,9 @@ def sweep_run_params(uri: str, sweep: str, experiment_path: str) -> dict[str, st
 
 @dataclass
 class SweepTracker:
-    """MLflow handle of one sweep, used by the sweep driver only. Picklable (Tune pickles its callbacks)."""
+    """MLflow handle of one sweep, used by the sweep driver only. Picklable (Tune pickles its callbacks). Every method
+    raises :class:`TrackingStoreError` (an ``OSError``) when the store refuses a call (a full disk under a SQLite
+    store, an unreachable server)."""
 
     uri: str
     """Tracking URI."""
@@ -174,38 +235,42 @@ class SweepTracker:
         reused and set RUNNING again)."""
         from mlflow.tracking import MlflowClient
 
-        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # see SweepTracker.client
-        client = MlflowClient(tracking_uri=uri)
-        name = experiment_name(sweep)
-        exp = client.get_experiment_by_name(name)
-        exp_id = exp.experiment_id if exp else client.create_experiment(
-            name, artifact_location=artifact_root(uri), tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND})
-        if exp is not None and TAG_EXPERIMENT_KIND not in exp.tags:  # made by an older version, or by hand
-            client.set_experiment_tag(exp_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
-        commit = commit or git_commit()
-        found = client.search_runs(
-            [exp_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_SWEEP}' and tags.`{TAG_EXPERIMENT_PATH}` = "
-                                    f"'{_quote(experiment_path)}'", max_results=1)
-        if found:
-            run_id = found[0].info.run_id
-            client.update_run(run_id, status="RUNNING")
-        else:
-            all_tags = {TAG_ROLE: ROLE_SWEEP, TAG_SWEEP: sweep, TAG_EXPERIMENT_PATH: experiment_path,
-                        TAG_GIT_COMMIT: commit, **redact(dict(tags or {}))}
-            run_id = client.create_run(exp_id, tags=all_tags, run_name=sweep).info.run_id
-            _log_params(client, run_id, params or {})
+        with store_errors(uri):
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # see SweepTracker.client
+            client = MlflowClient(tracking_uri=uri)
+            name = experiment_name(sweep)
+            exp = client.get_experiment_by_name(name)
+            exp_id = exp.experiment_id if exp else client.create_experiment(
+                name, artifact_location=artifact_root(uri), tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND})
+            if exp is not None and TAG_EXPERIMENT_KIND not in exp.tags:  # made by an older version, or by hand
+                client.set_experiment_tag(exp_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
+            commit = commit or git_commit()
+            found = client.search_runs(
+                [exp_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_SWEEP}' and tags.`{TAG_EXPERIMENT_PATH}` = "
+                                        f"'{_quote(experiment_path)}'", max_results=1)
+            if found:
+                run_id = found[0].info.run_id
+                client.update_run(run_id, status="RUNNING")
+            else:
+                all_tags = {TAG_ROLE: ROLE_SWEEP, TAG_SWEEP: sweep, TAG_EXPERIMENT_PATH: experiment_path,
+                            TAG_GIT_COMMIT: commit, **redact(dict(tags or {}))}
+                run_id = client.create_run(exp_id, tags=all_tags, run_name=sweep).info.run_id
+                _log_params(client, run_id, params or {})
         return cls(uri=uri, experiment_id=exp_id, parent_run_id=run_id, git_commit=commit, _client=client)
 
+    @_store_call
     def finish(self, status: str = "FINISHED") -> None:
         """End the parent run (``FINISHED``, ``FAILED`` or ``KILLED``)."""
         self.client.set_terminated(self.parent_run_id, status=status)
 
+    @_store_call
     def log_sweep_artifacts(self, local_dir: str, artifact_path: str | None = None) -> None:
         """Upload the files of ``local_dir`` (tables, plots) to the parent run."""
         self.client.log_artifacts(self.parent_run_id, local_dir, artifact_path)
 
     # -- child runs ----------------------------------------------------------------------------------------------
 
+    @_store_call
     def find_trial_run(self, trial_id: str) -> str | None:
         """The child run of ``trial_id`` under this sweep's parent, if one exists."""
         if trial_id in self._runs:
@@ -219,6 +284,14 @@ class SweepTracker:
             self._runs[trial_id] = found[0].info.run_id
         return self._runs.get(trial_id)
 
+    @_store_call
+    def trial_status(self, trial_id: str) -> str | None:
+        """The MLflow status of ``trial_id``'s child run (``RUNNING``, ``FINISHED``, ``FAILED``, ``KILLED``), or
+        ``None`` when it has none."""
+        run_id = self.find_trial_run(trial_id)
+        return None if run_id is None else self.client.get_run(run_id).info.status
+
+    @_store_call
     def start_trial(self, trial_id: str, cfg: TrialConfig, run_name: str | None = None,
                     params: typing.Mapping[str, typing.Any] | None = None) -> str:
         """Get or create the child run of ``trial_id`` and mark it RUNNING. A new run gets its tags and params: the
@@ -233,6 +306,7 @@ class SweepTracker:
         _log_params(self.client, run_id, {**to_flat(cfg), **dict(params or {})})
         return run_id
 
+    @_store_call
     def log_metrics(self, trial_id: str, metrics: typing.Mapping[str, typing.Any], step: int) -> None:
         """Numeric entries of ``metrics`` at optimizer step ``step`` (booleans and strings are skipped; keys in
         :data:`par_ray.tracking_schema.METRIC_RENAMES` are renamed).
@@ -263,6 +337,7 @@ class SweepTracker:
         for i in range(0, len(batch), 900):  # MLflow's per-request metric limit is 1,000
             self.client.log_batch(run_id, metrics=batch[i:i + 900])
 
+    @_store_call
     def close_open_trials(self, status: str = "KILLED") -> int:
         """End every child run of this sweep that is still RUNNING (interrupted trials) with ``status``; returns how
         many. A resumed sweep sets them RUNNING again when their trials restart."""
@@ -273,6 +348,7 @@ class SweepTracker:
             self.client.set_terminated(run.info.run_id, status=status)
         return len(runs)
 
+    @_store_call
     def finish_trial(self, trial_id: str, cfg: TrialConfig, final: typing.Mapping[str, typing.Any] | None,
                      status: str, error: tuple[str, str] | None = None) -> None:
         """Log the artifacts of a trial from its final metrics and end its run with ``status``.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from par_ray.accelerators import GPU_MEMORY_GB
 from par_ray.config import (DISTILL_MODES, HALTING_AND_STAGE_FIELDS, StageConfig, TrialConfig, config_errors,
-                            type_errors)
+                            format_halt_rules, halt_rules_errors, type_errors)
 from par_ray.cot import NUM_COT_TOKENS, CotTask, cot_tokens
 from par_ray.halting import NUM_HALT_TOKENS
 from par_ray.model.registry import BACKBONES
@@ -82,6 +82,12 @@ def registry_errors(cfg: TrialConfig) -> list[str]:
                         f"{b.name}'s {n_layers} layers")
     if b.pretrained is not None and "backbone.pretrained" not in bad:
         errs += pretrained_errors(b.pretrained)
+    if r.position_offset and "recipe.position_offset" not in bad and b.name in BACKBONES:
+        most = BACKBONES[b.name].fields.get("max_position_embeddings")
+        check("recipe.position_offset", lambda: most is None or r.position_offset < most,
+              lambda: (f"{r.position_offset} would shift every training prompt past {b.name}'s "
+                       f"max_position_embeddings={most} (positions its rotary embedding was built for); must be "
+                       f"below it"))
 
     if tr.accelerator_type and "train.accelerator_type" not in bad:
         check("train.accelerator_type", lambda: tr.accelerator_type in GPU_MEMORY_GB,
@@ -96,7 +102,17 @@ def registry_errors(cfg: TrialConfig) -> list[str]:
                        f"truncated prompt is undefined; recipe.distill needs one of "
                        f"{[n for n, task in TASKS.items() if task.op_width is not None]}"))
     if not bad & HALTING_AND_STAGE_FIELDS:  # the stage checks of config.halting_and_stage_errors ran
-        errs += _stage_recipe_errors(cfg)
+        stage_errs = _stage_recipe_errors(cfg)
+        errs += stage_errs
+        ev = cfg.eval
+        valid_rules = not halt_rules_errors(ev.halt_rules, (ev.halt_k, ev.halt_n, ev.halt_tau))  # else named already
+        if ev.halt_rules and valid_rules and not stage_errs:
+            halting = cfg.recipe.halting or any(s.recipe.halting for s in resolve_stages(cfg))
+            check("eval.halt_rules", lambda: halting,
+                  lambda: (f"{format_halt_rules(cfg.eval.halt_rules)}: extra stopping rules are read from the "
+                           f"halting read-out, which this trial does not train (recipe {cfg.recipe.name!r}, no stage "
+                           f"with recipe.halting); drop them, or train halting (e.g. recipe par_halt or "
+                           f"par_halt_posthoc)"))
     return errs
 
 

@@ -95,20 +95,50 @@ def checkpoint_problems(path: str, backbone: str, tokenizer: bool = True) -> lis
     if not os.path.isfile(config_path):
         problems.append("no config.json")
     else:
-        with open(config_path) as f:
-            problems += get_spec(backbone).mismatches(json.load(f))
+        config = _json_object(config_path, problems)
+        if config is not None:
+            problems += get_spec(backbone).mismatches(config)
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f).get("weight_map", {}).values()))
-        missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
+        weight_map = (_json_object(index, problems) or {}).get("weight_map", {})
+        shards = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else []
+        missing = [s for s in shards if not os.path.isfile(os.path.join(path, str(s)))]
         if missing:
             problems.append(f"safetensors shards missing: {missing}")
+        problems += [p for s in shards if s not in missing for p in _safetensors_problems(os.path.join(path, s))]
     elif not os.path.isfile(os.path.join(path, "model.safetensors")):
         problems.append("no model.safetensors (nor model.safetensors.index.json)")
+    else:
+        problems += _safetensors_problems(os.path.join(path, "model.safetensors"))
     if tokenizer and not any(all(os.path.isfile(os.path.join(path, f)) for f in group) for group in TOKENIZER_FILES):
         problems.append("no tokenizer (tokenizer.json, or vocab.json + merges.txt)")
     return problems
+
+
+def _json_object(path: str, problems: list[str]) -> dict | None:
+    """The JSON object in file ``path``; ``None``, with a problem naming the file appended, when it is not one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        problems.append(f"{path} is not JSON ({e})")
+        return None
+    if not isinstance(value, dict):
+        problems.append(f"{path} holds a JSON {type(value).__name__}, not an object")
+        return None
+    return value
+
+
+def _safetensors_problems(path: str) -> list[str]:
+    """``[]`` when ``path`` opens as a safetensors file (its header read by ``safetensors.safe_open``, the tensors
+    left on disk), else one problem naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="numpy"):
+            return []
+    except (SafetensorError, OSError) as e:
+        return [f"{path} is not a safetensors file ({e})"]
 
 
 def download_hint(value: str, model_dir: str | None = None) -> str:

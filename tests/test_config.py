@@ -67,7 +67,8 @@ def test_flat_round_trip_including_strings_from_mlflow():
 
 def test_halt_rules_round_trip_through_the_flat_form_and_mlflow_strings():
     assert to_flat(TrialConfig())["eval.halt_rules"] == "none"  # MLflow params are never empty
-    cfg = validate(with_overrides(TrialConfig(), eval={"halt_rules": ((4, 8, 0.5), (6, 8, 0.3), (1, 1, 0.5))}))
+    cfg = validate(with_overrides(TrialConfig(), recipe={"halting": True},  # the rules read the halting read-out
+                                  eval={"halt_rules": ((4, 8, 0.5), (6, 8, 0.3), (1, 1, 0.5))}))
     flat = to_flat(cfg)
     assert flat["eval.halt_rules"] == "4/8/0.5,6/8/0.3,1/1/0.5"
     assert from_flat(flat) == cfg and from_flat({k: str(v) for k, v in flat.items()}) == cfg

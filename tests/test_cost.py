@@ -291,6 +291,39 @@ def test_price_file_overrides_prices_peaks_and_mfu(tmp_path):
         hardware.load_table(str(bad))
 
 
+@pytest.mark.parametrize("entry, field", [
+    ({"nodes": [{"on_demand": -8.0}]}, "devices.H100.nodes[0].on_demand"),
+    ({"nodes": [{"spot": float("inf")}]}, "devices.H100.nodes[0].spot"),
+    ({"nodes": [{"gpus": 0}]}, "devices.H100.nodes[0].gpus"),  # a price per GPU of 0 GPUs: a ZeroDivisionError
+    ({"nodes": [{"gpus": 8.5}]}, "devices.H100.nodes[0].gpus"),
+    ({"nodes": [{"region": 3}]}, "devices.H100.nodes[0].region"),
+    ({"memory_gb": -80}, "devices.H100.memory_gb"),
+    ({"memory_gb": "80GB"}, "devices.H100.memory_gb"),
+    ({"peak_tflops": True}, "devices.H100.peak_tflops"),
+    ({"mfu_train": 0}, "devices.H100.mfu_train"),
+])
+def test_every_field_of_a_price_file_is_checked_in_one_line_naming_the_file(entry, field, tmp_path, capsys):
+    """A price file is a user's input like any other: a bad field is one ``error:`` line naming the file and the
+    field, before anything starts; the sweep is never costed with it."""
+    node = {"node": "x", "cloud": "c", "gpus": 8, "on_demand": 8.0, "spot": 4.0, "region": "r", "date": "2026-12",
+            "source": "test"}
+    if "nodes" in entry:
+        entry = {"nodes": [{**node, **entry["nodes"][0]}]}
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps({"devices": {"H100": entry}}))
+    with pytest.raises(ValueError) as e:
+        hardware.load_table(str(path))
+    assert str(e.value).startswith(f"--prices {path}: {field}: expected ") and "\n" not in str(e.value)
+
+    from par_ray.sweep import SweepSpec, main
+
+    storage = tmp_path / "storage"
+    assert main(SweepSpec(name="x"), ["--preset", "local", "--storage", str(storage), "--prices", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --prices {path}: {field}") and err.count("\n") == 1
+    assert not storage.exists()
+
+
 def test_gpu_check_json_sets_the_measured_training_mfu(tmp_path):
     """The check's own schema (``benchmarks/gpu_check.py`` SCHEMA_VERSION): its train_mfu FLOP/s over the table's
     H200 peak (989.4 TFLOP/s) is the training MFU."""

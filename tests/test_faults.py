@@ -7,6 +7,7 @@ The same mechanisms end to end on a local Ray cluster: ``tests/test_faults_ray.p
 from __future__ import annotations
 
 import os
+import random
 import signal
 
 import pytest
@@ -323,3 +324,217 @@ def test_an_oserror_reaching_the_sweep_driver_is_one_error_line(monkeypatch, cap
     monkeypatch.setattr(cli, "run_sweep", full_disk)
     assert cli.main(SweepSpec(name="x"), ["--preset", "local"]) == 1
     assert capsys.readouterr().err == "error: No space left on device: /runs/x/tune/x/experiment_state.json\n"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 39: remote storage's analysis, a full tracking store, a damaged checkpoint of the right size
+
+def _finished_trial(tracker, trial_id: str, seed: int = 0) -> None:
+    """A child run as the sweep leaves a finished trial: its cost plan as params, its final report (measured device
+    seconds included), its artifacts."""
+    from par_ray.sweep.run import _planned
+
+    cfg = _cfg(seed)
+    tracker.start_trial(trial_id, cfg, params=_planned(cfg, None))
+    final = {"step": cfg.train.steps, "loss": 0.5, "G": 1.0, "G_censored": 1.0, "chance": 0.1,
+             "gpu_seconds_train": 30.0, "gpu_seconds_eval": 5.0, "train_seconds": 30.0,
+             **{f"acc_d{d}": 1.0 for d in cfg.eval.depths}, **{f"acc_query_d{d}": 1.0 for d in cfg.eval.depths}}
+    tracker.log_metrics(trial_id, final, cfg.train.steps)
+    tracker.finish_trial(trial_id, cfg, final, "FINISHED")
+
+
+def test_the_analysis_without_a_local_folder_prints_its_tables_and_logs_them(tmp_path, capsys):
+    """Storage given as a URI (``--storage s3://…``): the analysis writes into a temporary folder, logs it to the
+    parent run and prints its tables, the plan-vs-actual one included, before the folder is removed."""
+    from par_ray.sweep.run import _run_analysis
+
+    tracker = tracking.SweepTracker.open("demo", str(tmp_path / "x"), f"sqlite:///{tmp_path}/mlflow.db")
+    _finished_trial(tracker, "a")
+    assert _run_analysis("demo", tracker, None)
+    out, err = capsys.readouterr()
+    assert "Planned vs actual" in out or "wall error" in out, out
+    assert "analysis failed" not in err and "error" not in err, err
+    assert f"analysis: tables and figures logged to parent run {tracker.parent_run_id}" in out
+    logged = {a.path for a in tracker.client.list_artifacts(tracker.parent_run_id, "analysis")}
+    assert "analysis/plan_vs_actual.md" in logged
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 4 MiB tmpfs at ``tmp_path / "disk"`` for one test (root only: skipped where tmpfs cannot be mounted)."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def _fill(disk, leave: int) -> None:
+    """Fill ``disk`` but ``leave`` bytes."""
+    st = os.statvfs(disk)
+    with open(disk / "filler", "wb") as f:
+        f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+
+
+def test_a_full_tracking_store_is_one_oserror_and_the_runs_close_when_it_allows(small_tmpfs, capsys):
+    """A SQLite MLflow store on its own small disk that fills mid-sweep ("database or disk is full" on a metrics
+    insert): the tracker raises one ``OSError`` naming the store (no MLflow or SQLAlchemy traceback reaches the
+    console), and closing the runs, which needs no new pages, still works."""
+    import errno
+
+    from par_ray.sweep.run import _close_runs
+
+    uri = f"sqlite:///{small_tmpfs}/mlflow.db"
+    tracker = tracking.SweepTracker.open("demo", str(small_tmpfs / "x"), uri)
+    tracker.start_trial("a", _cfg(0))
+    _fill(small_tmpfs, 96 * 1024)
+    with pytest.raises(tracking.TrackingStoreError) as e:
+        for step in range(2, 2000, 2):
+            tracker.log_metrics("a", {"step": step, **{f"acc_d{d}": 0.5 for d in range(64)}}, step)
+    assert isinstance(e.value, OSError) and e.value.errno == errno.ENOSPC
+    assert e.value.filename == f"{small_tmpfs}/mlflow.db"
+    assert e.value.strerror == "No space left on device (MLflow tracking store: database or disk is full)"
+    assert e.value.__cause__ is None and e.value.__suppress_context__
+    assert "Traceback" not in capsys.readouterr().err
+    assert _close_runs(tracker) == "1 trial run(s) and the sweep run closed as KILLED"
+    assert tracker.client.get_run(tracker.parent_run_id).info.status == "KILLED"
+
+
+def test_runs_the_store_refuses_to_close_are_said_so_with_how_to_close_them():
+    from par_ray.sweep.run import _close_runs
+
+    class Refusing(tracking.SweepTracker):
+        def close_open_trials(self, status="KILLED"):
+            raise tracking.TrackingStoreError(28, "No space left on device (MLflow tracking store: database or disk "
+                                                  "is full)", "/x/mlflow.db")
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(tracking, "SweepTracker", Refusing):
+        said = _close_runs(Refusing(uri="sqlite:////x/mlflow.db", experiment_id="1", parent_run_id="p"))
+    assert said == ("the MLflow runs could not be closed (No space left on device (MLflow tracking store: database or "
+                    "disk is full)); --resume closes them")
+
+
+def test_a_tracking_store_error_inside_tunes_wrapping_is_what_the_sweep_reports(tmp_path):
+    """Tune raises an error of its MLflow callback as a ``TuneError`` whose message is the whole traceback; the sweep
+    finds the store error in its chain and reports that (one ``error:`` line from the command line)."""
+    from ray.tune.error import TuneError
+
+    from par_ray.sweep import cli
+    from par_ray.sweep.run import stop_cause
+
+    store = tracking.TrackingStoreError(28, "No space left on device (MLflow tracking store: database or disk is "
+                                            "full)", "/x/mlflow.db")
+    try:
+        try:
+            raise store
+        except OSError:
+            raise TuneError("Traceback (most recent call last):\n  ... 300 lines ...")
+    except TuneError as wrapped:
+        assert stop_cause(wrapped, str(tmp_path)) is store
+    assert cli.os_error_line(store) == ("No space left on device (MLflow tracking store: database or disk is full): "
+                                        "/x/mlflow.db")
+
+
+def _checkpoints(run, steps):
+    """Checkpoint folders as the loop writes them (``write_extra``: sizes and SHA-256 of each file) and Ray Train's
+    snapshot listing them."""
+    import json
+
+    from par_ray.train.checkpoint import write_extra
+    from par_ray.train.trainer import SNAPSHOT_FILE
+
+    for i, step in enumerate(steps):
+        d = run / f"checkpoint_{i}"
+        d.mkdir(parents=True)
+        (d / "state.pt").write_bytes(bytes([step]) * 4096)
+        write_extra(str(d), {"step": step, "report": {"step": step}}, rank=0)
+    (run / SNAPSHOT_FILE).write_text(json.dumps({"checkpoint_results": [
+        {"checkpoint_dir_name": f"checkpoint_{i}", "metrics": {"step": s}} for i, s in enumerate(steps)]}))
+
+
+def test_a_damaged_latest_checkpoint_of_the_right_size_is_set_aside_and_the_run_resumes_from_the_one_before(tmp_path):
+    """Random bytes over the latest ``state.pt``, same size: the size manifest passes it, the checksum does not. The
+    repair names it, moves it to ``damaged/`` and rebuilds Ray Train's snapshot to resume from the newest intact
+    checkpoint, in one line; an older damaged one is never read (only the newest is checked)."""
+    import json
+
+    from par_ray.train.trainer import DAMAGED_DIR, SNAPSHOT_FILE, repair_run_storage
+
+    run = tmp_path / "trial_x"
+    _checkpoints(run, (2, 4, 6))
+    (run / "checkpoint_2" / "state.pt").write_bytes(os.urandom(4096))
+    notes = repair_run_storage(str(tmp_path), "trial_x")
+    assert notes == [f"damaged checkpoint set aside in {DAMAGED_DIR}/: checkpoint_2 (step 6): state.pt does not "
+                     f"match its SHA-256 in extra.json; resuming from step 4 (checkpoint_1)"]
+    assert sorted(p.name for p in run.glob("checkpoint_*") if p.is_dir()) == ["checkpoint_0", "checkpoint_1"]
+    assert (run / DAMAGED_DIR / "checkpoint_2" / "state.pt").is_file()
+    snapshot = json.loads((run / SNAPSHOT_FILE).read_text())
+    assert snapshot["latest_checkpoint_result"]["checkpoint_dir_name"] == "checkpoint_1"
+    assert repair_run_storage(str(tmp_path), "trial_x") == []  # intact now: nothing to do
+
+    both = tmp_path / "trial_y"  # the two newest damaged: both set aside, the run resumes from the first
+    _checkpoints(both, (2, 4, 6))
+    for name in ("checkpoint_1", "checkpoint_2"):
+        (both / name / "state.pt").write_bytes(os.urandom(4096))
+    (notes,) = repair_run_storage(str(tmp_path), "trial_y")
+    assert "checkpoint_2 (step 6)" in notes and "checkpoint_1 (step 4)" in notes
+    assert notes.endswith("resuming from step 2 (checkpoint_0)")
+
+
+def test_a_damaged_state_file_is_named_without_suggesting_weights_only_false(tmp_path):
+    """torch's own error for such a file says loading it with ``weights_only=False`` "will likely succeed"; that
+    would run whatever the damaged bytes hold, so the loop's error names the file and the remedy instead."""
+    import torch
+
+    from par_ray.train.checkpoint import _torch_load
+
+    path = tmp_path / "state.pt"
+    torch.save({"model": {"w": torch.zeros(64)}}, path)
+    size = path.stat().st_size
+    rng = random.Random(0)  # random bytes fail in different places of the unpickler: many draws, each one named
+    for _ in range(50):
+        path.write_bytes(rng.randbytes(size))
+        with pytest.raises(ValueError) as e:
+            _torch_load(str(path))
+        text = str(e.value)
+        assert text.startswith(f"{path}: damaged") and "--resume" in text
+        assert "weights_only" not in text and e.value.__cause__ is None and e.value.__suppress_context__
+
+
+def test_a_damaged_checkpoint_on_object_storage_is_set_aside_there(s3_bucket, tmp_path):
+    """The same repair on an S3 bucket (a local S3 server), which has no folder rename: the damaged folder is copied
+    under ``damaged/`` and deleted."""
+    import json
+
+    import pyarrow.fs
+
+    from par_ray.train.checkpoint import write_extra
+    from par_ray.train.trainer import DAMAGED_DIR, SNAPSHOT_FILE, repair_run_storage
+
+    fs, root = pyarrow.fs.FileSystem.from_uri(f"{s3_bucket}/train")
+    local = tmp_path / "written"
+    for i, step in enumerate((2, 4)):
+        d = local / f"checkpoint_{i}"
+        d.mkdir(parents=True)
+        (d / "state.pt").write_bytes(bytes([step]) * 4096)
+        write_extra(str(d), {"step": step, "report": {"step": step}}, rank=0)
+        pyarrow.fs.copy_files(str(d), f"{root}/trial_x/checkpoint_{i}", destination_filesystem=fs)
+    with fs.open_output_stream(f"{root}/trial_x/{SNAPSHOT_FILE}") as f:
+        f.write(json.dumps({"checkpoint_results": [{"checkpoint_dir_name": f"checkpoint_{i}", "metrics": {"step": s}}
+                                                   for i, s in enumerate((2, 4))]}).encode())
+    with fs.open_output_stream(f"{root}/trial_x/checkpoint_1/state.pt") as f:
+        f.write(os.urandom(4096))
+    (note,) = repair_run_storage(f"{s3_bucket}/train", "trial_x")
+    assert note.startswith(f"damaged checkpoint set aside in {DAMAGED_DIR}/: checkpoint_1 (step 4)")
+    assert note.endswith("resuming from step 2 (checkpoint_0)")
+    names = {i.path.removeprefix(f"{root}/trial_x/") for i in fs.get_file_info(
+        pyarrow.fs.FileSelector(f"{root}/trial_x", recursive=True)) if i.type == pyarrow.fs.FileType.File}
+    assert names == {SNAPSHOT_FILE, "checkpoint_0/state.pt", "checkpoint_0/extra.json",
+                     f"{DAMAGED_DIR}/checkpoint_1/state.pt", f"{DAMAGED_DIR}/checkpoint_1/extra.json"}

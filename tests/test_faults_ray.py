@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -308,3 +309,183 @@ def test_a_full_disk_ends_the_sweep_with_closed_runs_and_resume_completes(tmp_pa
         assert [(c.info.status, c.data.metrics["step"]) for c in children] == [("FINISHED", 12)]
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 39: remote storage, a full tracking store, a cluster too small for a CLI run, Ctrl-C, a damaged checkpoint
+
+def test_a_sweep_on_s3_storage_says_how_to_resume_and_the_resume_finishes_with_status_0(tmp_path, s3_bucket,
+                                                                                         sweep_runs):
+    """``--storage s3://…`` against a local S3 server. Stopped at step 2 (SIGTERM, as ``ray job stop`` sends it), the
+    sweep prints its counts and the ``--resume`` hint; resumed, it finishes with exit status 0 (no ``error:`` from
+    the analysis, whose tables go to the parent run only) and its checkpoints are in the bucket."""
+    import boto3
+
+    from par_ray.sweep.run import SIGTERM_BEFORE_LOGGING_STEP_ENV
+
+    script = tmp_path / "sigterm_demo.py"
+    script.write_text(LONG_SWEEP)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    flags = ["--preset", "local", "--smoke-test", "--storage", f"{s3_bucket}/sweeps/demo", "--mlflow-uri", uri]
+    first = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, timeout=900,
+                           cwd=ROOT, env={**_env(), SIGTERM_BEFORE_LOGGING_STEP_ENV: "2"})
+    print(first.stdout[-4000:], first.stderr[-4000:], sep="\n----- stderr -----\n")
+    assert first.returncode == 1
+    assert "trials: 1 unfinished" in first.stdout
+    assert "rerun with --resume (same --storage and --set)" in first.stderr
+    assert "error:" not in first.stderr and "analysis failed" not in first.stderr
+
+    second = _sweep(script, *flags, "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "trials: 1 finished" in second.stdout
+    assert "analysis: tables and figures logged to parent run" in second.stdout
+    assert "error:" not in second.stderr and "analysis failed" not in second.stderr
+    parent, children = sweep_runs(uri, "sigterm_demo")
+    assert parent.info.status == "FINISHED" and [c.info.status for c in children] == ["FINISHED"]
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="par-ray", Prefix="sweeps/demo/")["Contents"]]
+    assert any(k.startswith("sweeps/demo/train/sigterm_demo/trial_") and k.endswith("/extra.json") for k in keys)
+    assert any(k.startswith("sweeps/demo/tune/sigterm_demo/") for k in keys)
+
+
+@pytest.mark.full_only
+def test_a_full_tracking_store_ends_the_sweep_in_one_line_and_resume_completes(tmp_path, sweep_runs):
+    """The SQLite MLflow store on its own small tmpfs, filled while the trial trains (the test fills it once the first
+    checkpoint is stored): one ``error:`` line as for a full storage disk, the runs closed or said not to be, no
+    traceback; the checkpoints survive and ``--resume`` after freeing space completes in the same runs. Skipped where
+    tmpfs cannot be mounted (not root, no mount namespace)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        script = tmp_path / "sigterm_demo.py"
+        script.write_text(LONG_SWEEP)
+        storage = tmp_path / "storage"
+        db = disk / "mlflow.db"
+        flags = ["--preset", "local", "--smoke-test", "--set", "train.steps=24", "--storage", str(storage),
+                 "--mlflow-uri", f"sqlite:///{db}"]
+        proc = subprocess.Popen([sys.executable, str(script), *flags], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT, env=_env())
+        filler = disk / "filler"
+        deadline = time.monotonic() + 600
+        while not list((storage / "train").glob("sigterm_demo/trial_*/checkpoint_*/extra.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        with open(filler, "wb") as f:  # every byte left: the next metrics insert has no room
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+        out, err = proc.communicate(timeout=600)
+        print(out[-4000:], err[-6000:], sep="\n----- stderr -----\n")
+        assert proc.returncode == 1
+        lines = err.strip().splitlines()
+        assert lines[-1] == (f"error: No space left on device (MLflow tracking store: database or disk is full): "
+                             f"{db}")
+        assert "Traceback" not in err and "-1 trial run(s)" not in err
+        stopped = next(line for line in lines if line.startswith("sweep sigterm_demo stopped by"))
+        assert stopped.startswith("sweep sigterm_demo stopped by the MLflow tracking store; ")
+        assert ("1 trial run(s) and the sweep run closed as KILLED" in stopped
+                or "the MLflow runs could not be closed (" in stopped and "--resume closes them" in stopped), stopped
+
+        filler.unlink()  # space freed
+        second = _sweep(script, *flags, "--resume")
+        assert second.returncode == 0, second.stderr[-3000:]
+        parent, children = sweep_runs(f"sqlite:///{db}", "sigterm_demo")
+        assert parent.info.status == "FINISHED"
+        assert [(c.info.status, c.data.metrics["step"]) for c in children] == [("FINISHED", 24)]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "par_ray.train", "--train-depth", "4", "--eval-depths", "4,8", "--set",
+            "eval.num_sequences=8", "--set", "train.eval_every=1000", "--set", "train.warmup_steps=1", *args]
+
+
+def test_a_cli_run_on_more_workers_than_the_cluster_has_cpus_is_one_line_before_anything_starts(tmp_path):
+    """``--workers`` past the local cluster's CPUs: Ray Train would wait for the workers forever (a worker-group
+    timeout logged every minute); the capacity check the sweeps make refuses it, before --out is created."""
+    workers = (os.cpu_count() or 1) + 1
+    out = tmp_path / "run"
+    r = subprocess.run(_cli("--workers", str(workers), "--set", f"train.batch_size={4 * workers}", "--out", str(out)),
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env={**_env(), "RAY_ADDRESS": ""})
+    print(r.stdout[-3000:], r.stderr[-3000:], sep="\n----- stderr -----\n")
+    assert r.returncode == 2
+    (line,) = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: --workers: the Ray cluster (")
+    assert f"cannot fit this run on {workers} worker(s): it needs {workers} CPU" in line
+    assert line.endswith("use fewer --workers, or join a larger cluster (RAY_ADDRESS); nothing was started")
+    assert "Traceback" not in r.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.full_only)])
+def test_one_ctrl_c_stops_a_cli_run_on_ray_workers_and_no_ray_process_is_left(tmp_path, signum):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) or SIGTERM (``kill``) once, mid-training on two
+    Ray workers: one line, exit status 130, and every process of the Ray instance the run started (GCS, raylet,
+    dashboard and its agents, Train's controller and workers) gone."""
+    import queue
+    import threading
+
+    import psutil
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_cli("--workers", "2", "--steps", "100000", "--set", "train.batch_size=8",
+                                 "--set", "train.report_every=20", "--out", str(out)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**_env(), "RAY_ADDRESS": ""}, start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
+    reader.start()
+    seen = []
+    try:
+        while not any(" step " in line and "/100000" in line for line in seen):  # the workers are training
+            seen.append(lines.get(timeout=300))
+        ray_processes = psutil.Process(proc.pid).children(recursive=True)
+        assert any("raylet" in " ".join(p.cmdline()) for p in ray_processes)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signum)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    reader.join(timeout=30)
+    while not lines.empty():
+        seen.append(lines.get())
+    text = "".join(seen)
+    print(text[-4000:])
+    assert proc.returncode == 130
+    assert text.strip().splitlines()[-1] == ("interrupted: rerun the same command to continue from the latest "
+                                             f"checkpoint in {out}")
+    assert "Traceback" not in text
+    _, alive = psutil.wait_procs(ray_processes, timeout=60)
+    assert not alive, [" ".join(p.cmdline())[:200] for p in alive]
+
+
+@pytest.mark.full_only
+def test_a_cli_run_resumes_from_the_newest_intact_checkpoint_when_the_latest_is_damaged(tmp_path):
+    """Random bytes of the same size over the latest ``state.pt`` of a run on two Ray workers (ddp): the rerun names
+    the damaged checkpoint in one ``resume:`` line, sets it aside and resumes from the one before."""
+    out = tmp_path / "run"
+    args = _cli("--workers", "2", "--steps", "4", "--set", "train.batch_size=8", "--set", "train.checkpoint_every=2",
+                "--set", "train.keep_checkpoints=2", "--out", str(out))
+    env = {**_env(), "RAY_ADDRESS": ""}
+    first = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = next((out / "ray").iterdir())
+    latest = max((d for d in run.glob("checkpoint_*") if d.is_dir()),
+                 key=lambda d: json.loads((d / "extra.json").read_text())["step"])
+    state = latest / "state.pt"
+    state.write_bytes(os.urandom(state.stat().st_size))
+
+    second = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    print(second.stdout[-3000:], second.stderr[-3000:], sep="\n----- stderr -----\n")
+    assert second.returncode == 0, second.stderr[-3000:]
+    notes = [line for line in second.stdout.splitlines() if line.startswith("resume: ")]
+    assert len(notes) == 1, notes
+    assert notes[0].startswith(f"resume: damaged checkpoint set aside in damaged/: {latest.name} (step 4): state.pt "
+                               f"does not match its SHA-256 in extra.json; resuming from step 2 (checkpoint_"), notes
+    assert "resumed from step 2" in second.stdout and "weights_only" not in second.stdout + second.stderr
+    assert (run / "damaged" / latest.name / "state.pt").is_file()

@@ -320,16 +320,19 @@ def test_summary_counts_finished_failed_and_interrupted_trials(capsys):
     plan = sweep.build_plan(SweepSpec(name="x", seeds=(0,)), Options(smoke_test=True), "local")
     (p0, c0), (p1, _) = plan.trials
     d1, d2 = c0.eval.depths  # the smoke test's two test depths
+    # Tune marks the last result of a trial it completed "done"
     done = {"step": 4, "G": 2.0, "G_censored": 0.0, f"acc_d{d1}": 1.0, f"acc_d{d2}": 0.4, "trial_id": "a",
-            "G_lo": 1.0, "G_hi": 2.0, "G_hi_censored": 0.0}
+            "G_lo": 1.0, "G_hi": 2.0, "G_hi_censored": 0.0, "done": True}
     results = [R(metrics=done, config=p0, error=None), R(metrics={"step": 2}, config=p1, error=None),
-               R(metrics=None, config=None, error=None), R(metrics={"step": 2}, config=p1, error=RuntimeError("x"))]
+               R(metrics=None, config=None, error=None), R(metrics={"step": 2}, config=p1, error=RuntimeError("x")),
+               # its last step reported, then interrupted before Tune completed it: its run is KILLED, not FINISHED
+               R(metrics=dict(done, done=False), config=p0, error=None)]
     rows, counts = sweep.print_summary(results, plan)
-    assert counts == {"finished": 1, "unfinished": 2, "failed": 1}
+    assert counts == {"finished": 1, "unfinished": 2, "not started": 1, "failed": 1}
     assert rows == [{"task": "swap_s5", "recipe": "par", "backbone": c0.backbone.name, "seed": 0, "G": 2.0,
                      "G_censored": 0.0, "G_lo": 1.0, "G_hi": 2.0, "G_hi_censored": 0.0, f"acc_d{d1}": 1.0,
                      f"acc_d{d2}": 0.4}]
-    assert "trials: 1 finished, 2 unfinished, 1 failed" in capsys.readouterr().out
+    assert "trials: 1 finished, 2 unfinished, 1 not started, 1 failed" in capsys.readouterr().out
 
 
 def _search_plan():
@@ -352,6 +355,9 @@ class _Tracker:
     def finish(self, status):
         self.status = status
 
+    def trial_status(self, trial_id):
+        return None  # no run: nothing to reconcile
+
 
 def test_interrupted_search_is_unfinished_killed_and_exits_nonzero(capsys, monkeypatch):
     """Ctrl-C after 2 of 6 trials: Tune returns (no exception) with 2 finished, 1 running (interrupted, its last
@@ -372,19 +378,66 @@ def test_interrupted_search_is_unfinished_killed_and_exits_nonzero(capsys, monke
                R(metrics={"trial_id": "e"}, config=params, error=None), R(metrics={"trial_id": "f"}, config={},
                                                                           error=None)]
     outcomes = [sweep.trial_outcome(r, plan) for r in results]
-    assert outcomes == ["finished", "finished", "unfinished", "stopped early", "unfinished", "unfinished"]
+    assert outcomes == ["finished", "finished", "unfinished", "stopped early", "not started", "not started"]
     tracker = _Tracker()
     assert run.finish_sweep(_Results(results), plan, tracker, None) == 1
     assert (tracker.status, tracker.closed) == ("KILLED", "KILLED")
     out, err = capsys.readouterr()
-    assert "trials: 2 finished, 3 unfinished, 1 stopped early" in out
-    assert "rerun with --resume" in err
+    assert "trials: 2 finished, 1 unfinished, 1 stopped early, 2 not started" in out
+    assert "3 trial(s) failed, did not finish or did not start; fix the cause and rerun with --resume" in err
 
     # the same search run to its end: ASHA's stops are not failures
     tracker = _Tracker()
-    assert run.finish_sweep(_Results([results[0], results[3]]), plan, tracker, None) == 0
+    assert run.finish_sweep(_Results([results[0], results[1], results[3]]), plan, tracker, None) == 0  # 3 samples
     assert tracker.status == "FINISHED"
     assert "--resume" not in capsys.readouterr().err
+
+
+def test_an_interrupted_grid_counts_the_trials_tune_had_not_created_as_not_started(capsys, monkeypatch):
+    """Ctrl-C with 4 of 6 trials not done: Tune had created 4 (2 finished, 2 interrupted); the 2 it had not created
+    yet count as not started, and the hint counts all 4."""
+    from types import SimpleNamespace as R
+
+    from par_ray.sweep import run
+
+    monkeypatch.setattr(run, "_run_analysis", lambda *a: False)
+    plan = sweep.build_plan(SweepSpec(name="x", seeds=(0, 1, 2)), Options(smoke_test=True), "local")
+    assert sweep.count_trials(plan) == 6
+    (p0, c0), (p1, _) = plan.trials[:2]
+    steps = c0.train.steps
+    results = [R(metrics={"step": steps, "done": True, "trial_id": "a"}, config=p0, error=None),
+               R(metrics={"step": steps, "done": True, "trial_id": "b"}, config=p1, error=None),
+               R(metrics={"step": 2, "done": False, "trial_id": "c"}, config=p0, error=None),
+               R(metrics={"step": 2, "done": False, "trial_id": "d"}, config=p1, error=None)]
+    assert run.finish_sweep(_Results(results), plan, _Tracker(), None) == 1
+    out, err = capsys.readouterr()
+    assert "trials: 2 finished, 2 unfinished, 2 not started" in out
+    assert "4 trial(s) failed, did not finish or did not start" in err
+
+
+def test_a_completed_trial_whose_run_was_left_open_or_killed_is_closed_finished(tmp_path, monkeypatch):
+    """Tune completed the trial, but its MLflow run is not FINISHED (the store refused ``on_trial_complete``'s call,
+    or the sweep stopped before it; ``--resume`` never runs a completed trial again): the sweep's end closes it
+    FINISHED with its artifacts, as the console counts it, and leaves an interrupted trial's run KILLED."""
+    from types import SimpleNamespace as R
+
+    from par_ray import tracking
+    from par_ray.sweep import run
+
+    monkeypatch.setattr(run, "_run_analysis", lambda *a: False)
+    plan = sweep.build_plan(SweepSpec(name="x", seeds=(0,)), Options(smoke_test=True), "local")
+    (p0, c0), (p1, c1) = plan.trials
+    tracker = tracking.SweepTracker.open("x", str(tmp_path / "x"), f"sqlite:///{tmp_path}/mlflow.db")
+    done, cut = tracker.start_trial("a", c0), tracker.start_trial("b", c1)
+    tracker.close_open_trials("KILLED")  # as an interrupted sweep left them
+    final = {"step": c0.train.steps, "done": True, "trial_id": "a", "G": 1.0, "G_censored": 0.0, "chance": 0.1,
+             **{f"acc_d{d}": 1.0 for d in c0.eval.depths}}
+    results = [R(metrics=final, config=p0, error=None),
+               R(metrics={"step": 2, "done": False, "trial_id": "b"}, config=p1, error=None)]
+    assert run.finish_sweep(_Results(results), plan, tracker, None) == 1
+    assert tracker.client.get_run(done).info.status == "FINISHED"
+    assert tracker.client.get_run(cut).info.status == "KILLED"
+    assert {a.path for a in tracker.client.list_artifacts(done)} >= {"config.json", "accuracy_by_depth.json"}
 
 
 class _Results(list):
@@ -663,3 +716,65 @@ def test_model_dir_resolves_each_trials_hub_id_to_its_local_checkpoint_in_every_
     assert sweep.resolve(plan.trials[0][0]).backbone.pretrained == got[plan.trials[0][1].backbone.name]
     missing = sweep.missing_weights(plan)
     assert len(missing) == 1 and "qwen3-0.6b weights 'Qwen/Qwen3-0.6B-Base' not found" in missing[0]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 39: inputs refused before anything starts
+
+def test_set_on_a_field_the_search_samples_is_refused_naming_it(tmp_path, capsys):
+    """sweeps/search.py's space is a function of the trial (its layer splits): the check runs on the space it
+    returns. Which value would win? The search's, in every trial: so the --set is refused."""
+    import ray
+
+    from sweeps.search import SPEC
+
+    args = ["--preset", "local", "--smoke-test", "--storage", str(tmp_path / "s")]
+    assert sweep.main(SPEC, [*args, "--set", "train.lr=1e-3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --set: train.lr is searched by this sweep") and err.count("\n") == 1, err
+    assert sweep.main(SPEC, [*args, "--set", "backbone.split=1,4,1", "--dry-run"]) == 2
+    assert "backbone.split is searched by this sweep" in capsys.readouterr().err
+    assert not ray.is_initialized() and not (tmp_path / "s").exists()
+    assert sweep.main(SPEC, [*args, "--set", "train.warmup_steps=2", "--dry-run"]) == 0  # not searched: fine
+
+
+def test_a_parent_tokenizer_that_cannot_render_the_task_is_refused_before_ray_starts(tmp_path, capsys,
+                                                                                    write_checkpoint):
+    import ray
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    path = write_checkpoint(tmp_path / "ckpt", "tiny-qwen2", tokenizer=False)
+    tokenizer = Tokenizer(models.WordLevel(vocab={"<unk>": 0}, unk_token="<unk>"))  # no task word is one token
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "ckpt" / "tokenizer.json"))
+    spec = SweepSpec(name="x", seeds=(0,), backbones={"local": ("tiny-qwen2",)})
+    storage = tmp_path / "storage"
+    assert sweep.main(spec, ["--preset", "local", "--storage", str(storage), "--set",
+                             f"backbone.pretrained={path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: pretrained parents missing or unusable (nothing was started):")
+    assert f"tiny-qwen2 ({path}): task.name: 'swap_s5' does not render through backbone.pretrained's tokenizer" in err
+    assert not ray.is_initialized() and not storage.exists()
+
+
+def test_a_search_resumed_shows_no_optuna_warning_for_the_reports_its_trials_replay():
+    """``OptunaSearch`` reports Tune's iteration count as Optuna's step, which a resumed trial counts from 1 anew:
+    Optuna ignores those values (the search uses final values only) and warns about each; the sweep drops that
+    warning, and only that one."""
+    import warnings
+
+    import optuna
+
+    from par_ray.sweep.run import _quiet_optuna_replays
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    trial = optuna.create_study().ask()
+    trial.report(1.0, 1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with _quiet_optuna_replays():
+            trial.report(2.0, 1)
+            warnings.warn("another warning")
+    assert [str(w.message) for w in seen] == ["another warning"]
+    with pytest.warns(UserWarning, match=r"this `step=1` is already reported"):
+        trial.report(3.0, 1)

@@ -34,6 +34,13 @@ PY = sys.executable
     (["--set", "eval.seed=-5"], "eval.seed"),
     (["--set", "eval.halt_rules=9/8/0.5"], "eval.halt_rules"),
     (["--set", "eval.halt_rules=4/8"], "eval.halt_rules"),
+    # issue 39: an empty value, settings that would silently do nothing or mislead
+    (["--set", "backbone.pretrained="], "backbone.pretrained: empty"),
+    (["--pretrained", ""], "backbone.pretrained: empty"),
+    (["--set", "task.curriculum=3", "--set", "task.curriculum_steps=100", "--steps", "100"], "task.curriculum"),
+    (["--set", "recipe.position_offset=4096"], "recipe.position_offset"),
+    (["--set", "recipe.position_offset=8", "--set", "backbone.position_scheme=none"], "recipe.position_offset"),
+    (["--set", "eval.halt_rules=4/8/0.5"], "eval.halt_rules"),
 ])
 def test_bad_input_is_one_clear_error(argv, field, capsys, tmp_path):
     out = tmp_path / "never-created"
@@ -43,10 +50,41 @@ def test_bad_input_is_one_clear_error(argv, field, capsys, tmp_path):
     assert not out.exists()
 
 
+def _unreadable_checkpoints(root, write_checkpoint):
+    """Checkpoint folders of tiny-qwen2 that are each broken one way: config.json not JSON, weights not safetensors, a
+    tokenizer that renders no task word as one token (every word is its unknown token, dropped)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    not_json = write_checkpoint(root / "not_json", "tiny-qwen2")
+    (root / "not_json" / "config.json").write_text("<html>rate limited</html>")
+    not_safetensors = write_checkpoint(root / "not_safetensors", "tiny-qwen2")
+    (root / "not_safetensors" / "model.safetensors").write_bytes(b"PK\x03\x04 a zip, not safetensors" * 8)
+    no_words = write_checkpoint(root / "no_words", "tiny-qwen2", tokenizer=False)
+    tokenizer = Tokenizer(models.WordLevel(vocab={"<unk>": 0}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(root / "no_words" / "tokenizer.json"))
+    return {"not_json": (not_json, [f"{not_json}/config.json is not JSON", "tiny-qwen2"]),
+            "not_safetensors": (not_safetensors, [f"{not_safetensors}/model.safetensors is not a safetensors file",
+                                                  "tiny-qwen2"]),
+            "no_words": (no_words, ["task.name: 'swap_s5' does not render through backbone.pretrained's tokenizer"])}
+
+
+@pytest.mark.parametrize("broken", ["not_json", "not_safetensors", "no_words"])
+def test_a_checkpoint_that_cannot_load_is_refused_naming_the_file_before_out_is_created(broken, tmp_path, capsys,
+                                                                                       write_checkpoint):
+    path, words = _unreadable_checkpoints(tmp_path, write_checkpoint)[broken]
+    out = tmp_path / "never-created"
+    assert main(["--pretrained", path, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: backbone.pretrained: " if broken != "no_words" else "error: task.name: ")
+    assert all(w in err for w in words) and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not out.exists()
+
+
 def test_set_reads_extra_halting_rules():
     from par_ray.train.__main__ import config_from_args, parse_args
 
-    cfg = config_from_args(parse_args(["--set", "eval.halt_rules=4/8/0.5,6/8/0.3"]))
+    cfg = config_from_args(parse_args(["--recipe", "par_halt", "--set", "eval.halt_rules=4/8/0.5,6/8/0.3"]))
     assert cfg.eval.halt_rules == ((4, 8, 0.5), (6, 8, 0.3))
 
 

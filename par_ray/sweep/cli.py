@@ -117,7 +117,8 @@ def build_parser(spec: SweepSpec) -> argparse.ArgumentParser:
                            "check's JSON (its measured MFU); default: par_ray/hardware.py's table")
     cost.add_argument("--max-usd", type=_usd, default=None, metavar="X",
                       help="refuse to start (exit 2, nothing started) when the planned on-demand cost of the sweep "
-                           "exceeds X dollars; the dry run prints the plan, then refuses the same way")
+                           "exceeds X dollars, or cannot be planned (a trial without a price); the dry run prints the "
+                           "plan, then refuses the same way. inf: no cap, but every trial must be priced")
     return p
 
 

@@ -20,15 +20,14 @@ from dataclasses import dataclass
 from par_ray import cost
 from par_ray.config import TrialConfig
 from par_ray.hardware import Table
+from par_ray.train.cluster import (ACCELERATOR_PREFIX, autoscaler_limits_unknown, cluster_capacity,  # noqa: F401
+                                   format_resources, unfit)
 from par_ray.sweep.spec import (GPU_TYPES_KEY, GRID_DIMS, Plan, SweepConfigError, cells_of, count_trials, domain_ends,
                                 fixed_overrides, trial_label)
 
 DRIVER_RESOURCES = {"CPU": 0.0, "memory": 512 * 2**20}
 """What a trial's driver (a Tune actor that only waits on its TorchTrainer) reserves. Memory, not a CPU sliver: on a
 2-core machine a 0.01-CPU driver plus a 1-CPU worker would let only one trial run at a time."""
-ACCELERATOR_PREFIX = "accelerator_type:"
-"""Ray's resource for a node's GPU type (``ray._common.utils.RESOURCE_CONSTRAINT_PREFIX``): a node has 1 of it, a
-worker of a trial with ``train.accelerator_type`` asks for 0.001."""
 GCS_PROBE_TIMEOUT_S = 2.0
 """How long :func:`ray_address` waits for the head named in ``ray_current_cluster`` to accept a connection."""
 
@@ -48,8 +47,7 @@ def max_concurrent_trials(needs: list[tuple[str, dict[str, float]]], cluster: ty
 
     Raises :class:`SweepConfigError` listing the trials that cannot fit at all (they would wait forever).
     """
-    too_big = sorted({f"{label} needs {format_resources(need)}" for label, need in needs
-                      if any(cluster.get(k, 0.0) + 1e-9 < v for k, v in need.items())})
+    too_big = unfit(needs, cluster)
     if too_big:
         raise SweepConfigError(f"the Ray cluster ({format_resources(cluster)}) cannot fit these trials: " + "; ".join(too_big)
                                + ". Choose smaller --backbones, --preset local, or add nodes.")
@@ -58,59 +56,6 @@ def max_concurrent_trials(needs: list[tuple[str, dict[str, float]]], cluster: ty
         for k, v in need.items():
             largest[k] = max(largest.get(k, 0.0), v)
     return max(1, min(int(cluster.get(k, 0.0) // v) for k, v in largest.items() if v > 0))
-
-
-def cluster_capacity() -> dict[str, float]:
-    """The connected cluster's resources: the larger of what it has now and what its autoscaler may add."""
-    import ray
-
-    now = {k: float(v) for k, v in ray.cluster_resources().items()}
-    try:  # the autoscaler's node-group limits, as Ray Train reads them (ray.train.v2 worker_group.py)
-        from ray._private.state import state
-
-        most = state.get_max_resources_from_cluster_config() or {}
-    except Exception:  # noqa: BLE001 - no autoscaler config: a fixed cluster
-        most = {}
-    return {k: max(now.get(k, 0.0), float(most.get(k, 0) or 0)) for k in set(now) | set(most)}
-
-
-def autoscaler_limits_unknown() -> bool:
-    """Whether an autoscaler may add nodes to the connected cluster without Ray publishing how many.
-
-    :func:`cluster_capacity` then sees only the nodes running now (a CPU-0 head before any worker starts): in Ray
-    2.60 neither the v1 autoscaler (``ray up``, ``ray start --autoscaling-config``) nor v2 (KubeRay) writes the
-    cluster config that ``get_max_resources_from_cluster_config`` reads. v1 is recognised by its status in the GCS
-    (what ``ray status`` prints), which maps nodes to the node types of its config; the read-only monitor of a fixed
-    cluster names each node ``node_<id>`` instead.
-    """
-    import json
-
-    from ray._private import ray_constants
-    from ray._private.state import state
-    from ray.autoscaler.v2.utils import is_autoscaler_v2
-    from ray.experimental.internal_kv import _internal_kv_get
-
-    try:
-        if state.get_max_resources_from_cluster_config():
-            return False
-        if is_autoscaler_v2(fetch_from_server=True):
-            return True
-        status = json.loads(_internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS) or b"{}")
-    except Exception:  # noqa: BLE001 - no autoscaler state to read: a fixed cluster
-        return False
-    mapping = (status.get("autoscaler_report") or {}).get("node_type_mapping") or {}
-    return any(node_type != f"node_{node_id}" for node_id, node_type in mapping.items())
-
-
-def format_resources(resources: typing.Mapping[str, float]) -> str:
-    """CPU, GPU and memory, then the GPU types (Ray's ``accelerator_type:<type>`` resources: a trial's constraint, a
-    cluster's node types), e.g. "4 GPU on L40S nodes"."""
-    keys = [k for k in ("CPU", "GPU", "memory") if k in resources]
-    text = ", ".join(f"{resources[k] / 2**30:.1f} GiB memory" if k == "memory" else f"{resources[k]:g} {k}"
-                   for k in keys) or "nothing"
-    types = sorted(k.removeprefix(ACCELERATOR_PREFIX) for k, v in resources.items()
-                   if k.startswith(ACCELERATOR_PREFIX) and v)
-    return text + (f" on {'/'.join(types)} nodes" if types else "")
 
 
 # --------------------------------------------------------------------------------------------------------------------

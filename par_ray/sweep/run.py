@@ -8,8 +8,9 @@ their Train checkpoints.
 
 MLflow (``par_ray.tracking``) from a Tune callback on the sweep driver: a parent run per sweep, a child run per trial,
 reused on resume. Workers never log to MLflow. At the end: the trial counts (finished / failed / stopped early by
-ASHA / unfinished), the parent run's status, and ``analysis.analyze`` on the parent run (accuracy by depth and G,
-mean ± std over seeds).
+ASHA / unfinished / not started), the parent run's status, and ``analysis.analyze`` on the parent run (accuracy by
+depth and G, mean ± std over seeds). A tracking store that refuses a call (a full disk under a SQLite store) stops
+the sweep as a full storage disk does: one ``error:`` line, the runs closed where the store still allows it.
 
 Console output: Tune's status table (its ``CLIReporter``: the varying parameters, step, loss, G and the interpolated
 G with their 95 % intervals, and the search metric, every :data:`STATUS_EVERY_S`), the training loop's progress line at each report (rank 0), and worker
@@ -29,6 +30,7 @@ import signal
 import sys
 import time
 import typing
+import warnings
 
 from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, check_budget, cluster_capacity,
                                      cluster_has_gpu, connect, cost_summary, exception_chain, local_preset_guess,
@@ -282,10 +284,12 @@ def _reporter(plan: Plan):
 # Running a sweep
 
 def _require_weights(plan) -> None:
-    """Raise :class:`SweepConfigError` listing every backbone whose weights do not resolve (``missing_weights``)."""
+    """Raise :class:`SweepConfigError` listing every backbone whose weights do not resolve or whose tokenizer cannot
+    render its task (``missing_weights``)."""
     missing = missing_weights(plan) if plan is not None else []
     if missing:
-        raise SweepConfigError("pretrained weights missing (nothing was started):\n  - " + "\n  - ".join(missing))
+        raise SweepConfigError("pretrained parents missing or unusable (nothing was started):\n  - "
+                               + "\n  - ".join(missing))
 
 
 def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
@@ -395,21 +399,34 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
         _clear_not_retryable_markers(train_storage)
         _repair_trial_storage(train_storage)
     try:
-        with _sigterm_as_ctrl_c(tracker):
+        with _sigterm_as_ctrl_c(tracker), _quiet_optuna_replays():
             results = tuner.fit()
     except BaseException as e:
         closed = _close_runs(tracker)
-        full = None if isinstance(e, KeyboardInterrupt) else full_disk(e, storage)
-        print(f"\nsweep {spec.name} stopped by {'a full disk' if full else type(e).__name__}; {closed} trial run(s) "
-              f"and the sweep run closed as KILLED. {RESUME_HINT}", file=sys.stderr, flush=True)
-        if full is not None and full is not e:
-            raise full from e
+        cause = None if isinstance(e, KeyboardInterrupt) else stop_cause(e, storage)
+        what = ("the MLflow tracking store" if isinstance(cause, tracking.TrackingStoreError) else "a full disk"
+                if cause is not None else type(e).__name__)
+        print(f"\nsweep {spec.name} stopped by {what}; {closed}. {RESUME_HINT}", file=sys.stderr, flush=True)
+        if cause is not None and cause is not e:
+            raise cause from e
         raise
     if context is not None:  # a cluster this call connected to: flush the trials' last lines before the summary
         import ray
 
         ray.shutdown()
     return finish_sweep(results, plan, tracker, None if remote else f"{storage}/analysis")
+
+
+def stop_cause(error: BaseException, storage: str) -> OSError | None:
+    """What stopped the sweep behind ``error``, as an ``OSError`` the command line reports as one line, or ``None``:
+    the tracking store refusing a call (``par_ray.tracking.TrackingStoreError``; Tune wraps an error of its MLflow
+    callback in a ``TuneError`` whose message is the whole traceback), else a full disk (:func:`full_disk`)."""
+    from par_ray.tracking import TrackingStoreError
+
+    for e in exception_chain(error):
+        if isinstance(e, TrackingStoreError):
+            return e
+    return full_disk(error, storage)
 
 
 def full_disk(error: BaseException, storage: str) -> OSError | None:
@@ -442,24 +459,44 @@ def finish_sweep(results, plan: Plan, tracker, analysis_dir: str | None) -> int:
     (interrupted trials and the parent KILLED, so ``--resume`` reopens them; see :func:`sweep_status`), run the
     analysis and, when a trial failed or did not finish, print the ``--resume`` hint. Returns the exit status: 0
     when every trial finished or was stopped early by ASHA, 1 otherwise."""
+    from par_ray.tracking import TrackingStoreError
+
     _, counts = print_summary(results, plan)
-    failed = counts.get("failed", 0) + counts.get("unfinished", 0)
-    tracker.close_open_trials("KILLED")  # interrupted trials; --resume reopens their runs
-    tracker.finish(sweep_status(counts))
+    failed = sum(counts.get(k, 0) for k in UNDONE)
+    try:
+        _close_finished_runs(results, plan, tracker)
+        tracker.close_open_trials("KILLED")  # interrupted trials; --resume reopens their runs
+        tracker.finish(sweep_status(counts))
+    except TrackingStoreError as e:
+        print(f"the MLflow runs could not be closed ({e.strerror}); --resume closes them once the store has room",
+              file=sys.stderr, flush=True)
+        raise
     _run_analysis(plan.spec.name, tracker, analysis_dir)
     if failed:
-        print(f"{failed} trial(s) failed or did not finish; fix the cause and {RESUME_HINT[0].lower()}"
-              f"{RESUME_HINT[1:]}", file=sys.stderr)
+        print(f"{failed} trial(s) failed, did not finish or did not start; fix the cause and "
+              f"{RESUME_HINT[0].lower()}{RESUME_HINT[1:]}", file=sys.stderr)
     return 1 if failed else 0
 
 
 RESUME_HINT = "Rerun with --resume (same --storage and --set) to finish them."
 
 
-def _close_runs(tracker) -> int:
-    """Close every open child run of the sweep and its parent run as KILLED (``--resume`` reopens them); returns the
-    number of child runs closed (-1 when the store refused: one line says why, e.g. a full disk under a SQLite store).
-    A fresh MLflow client: this may run inside a signal handler, while the sweep's own client is mid-call."""
+def _close_finished_runs(results, plan: Plan, tracker) -> None:
+    """End as FINISHED, with their artifacts, the runs of trials Tune completed (:func:`trial_outcome` ``finished``)
+    whose run is not FINISHED: the MLflow callback's ``on_trial_complete`` did not get to close it (the tracking store
+    refused the call, or the sweep stopped in between), and ``--resume`` does not run a completed trial again."""
+    for r in results:
+        m = r.metrics or {}
+        if trial_outcome(r, plan) == "finished" and tracker.trial_status(m.get("trial_id")) not in (None, "FINISHED"):
+            tracker.finish_trial(m["trial_id"], resolve(r.config, plan.spec.extra_recipes), m, "FINISHED")
+
+
+def _close_runs(tracker) -> str:
+    """Close every open child run of the sweep and its parent run as KILLED (``--resume`` reopens them); returns what
+    was done, for the line that says why the sweep stopped: ``"<n> trial run(s) and the sweep run closed as KILLED"``,
+    or, when the tracking store refused (a full disk under a SQLite store, an unreachable server), that the runs could
+    not be closed, why, and that ``--resume`` closes them. A fresh MLflow client: this may run inside a signal
+    handler, while the sweep's own client is mid-call."""
     from par_ray import tracking
 
     fresh = tracking.SweepTracker(uri=tracker.uri, experiment_id=tracker.experiment_id,
@@ -468,10 +505,9 @@ def _close_runs(tracker) -> int:
         closed = fresh.close_open_trials("KILLED")
         fresh.finish("KILLED")
     except Exception as e:  # noqa: BLE001 - closing is best effort; --resume reopens the runs either way
-        print(f"could not close the MLflow runs ({type(e).__name__}: {' '.join(str(e).split())[:300]})",
-              file=sys.stderr, flush=True)
-        return -1
-    return closed
+        why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+        return f"the MLflow runs could not be closed ({' '.join(str(why).split())[:300]}); --resume closes them"
+    return f"{closed} trial run(s) and the sweep run closed as KILLED"
 
 
 @contextlib.contextmanager
@@ -483,8 +519,8 @@ def _sigterm_as_ctrl_c(tracker):
     raises ``SystemExit`` wherever the driver happens to be) is restored afterwards."""
     def stop(signum, frame):
         closed = _close_runs(tracker)
-        print(f"\n{signal.Signals(signum).name} received: stopping the sweep as Ctrl-C does ({closed} trial run(s) "
-              f"and the sweep run closed as KILLED)", file=sys.stderr, flush=True)
+        print(f"\n{signal.Signals(signum).name} received: stopping the sweep as Ctrl-C does ({closed})",
+              file=sys.stderr, flush=True)
         signal.signal(signal.SIGTERM, previous)  # a second SIGTERM stops at once
         tune_stop = signal.getsignal(signal.SIGINT)
         if callable(tune_stop) and tune_stop is not signal.default_int_handler:
@@ -502,6 +538,19 @@ def _sigterm_as_ctrl_c(tracker):
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _quiet_optuna_replays():
+    """Without Optuna's warning "The reported value is ignored because this `step=N` is already reported". A resumed
+    or retried trial runs its function again and Tune counts its reports from 1 anew (``OptunaSearch`` reports
+    ``training_iteration`` as Optuna's step); Optuna keeps the value first reported at each count and warns about each
+    later one. The search reads each trial's final value only (``OptunaSearch.on_trial_complete``; ASHA reads the
+    trial's ``step``), so nothing it uses is dropped."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"The reported value is ignored because this `step=\d+` is "
+                                                  r"already reported")
+        yield
 
 
 def _check_resume_overrides(sweep: str, experiment_path: str, uri: str, overrides: typing.Mapping[str, str]) -> None:
@@ -610,28 +659,39 @@ def _sweep_params(plan: Plan, opts: Options) -> dict[str, typing.Any]:
 # End of sweep: the outcome and the analysis
 
 def trial_outcome(result, plan: Plan) -> str:
-    """``finished`` (all ``train.steps``), ``failed`` (an error), ``stopped early`` (ASHA stopped it: Tune marks its
-    last result ``done``) or ``unfinished`` (interrupted by Ctrl-C or a lost driver, or never started: a
-    never-started trial's result holds only its trial id)."""
+    """``finished`` (all ``train.steps``, and Tune completed the trial: its last result is ``done``, as the trial's
+    MLflow run is FINISHED), ``failed`` (an error), ``stopped early`` (ASHA stopped it: Tune marks its last result
+    ``done``), ``not started`` (no report yet: a trial Tune had created but not started, or one stopped before its
+    first report; its result holds only its trial id) or ``unfinished`` (interrupted by Ctrl-C or a lost driver after
+    its first report, also after its last step's report but before Tune completed it)."""
     m = result.metrics or {}
     cfg = resolve(result.config, plan.spec.extra_recipes) if result.config else None
     if result.error is not None:
         return "failed"
-    if cfg is not None and int(m.get("step", 0)) >= cfg.train.steps:
+    if "step" not in m:
+        return "not started"
+    if cfg is not None and int(m["step"]) >= cfg.train.steps and m.get("done"):
         return "finished"
-    if plan.search is not None and "step" in m and m.get("done"):
+    if plan.search is not None and m.get("done"):
         return "stopped early"
     return "unfinished"
 
 
+UNDONE = ("failed", "unfinished", "not started")
+"""Outcomes that ``--resume`` continues (:func:`trial_outcome`); a sweep with any of them exits 1."""
+
+
 def sweep_status(counts: typing.Mapping[str, int]) -> str:
     """The parent run's MLflow status from the trial counts: FAILED if any trial failed, else KILLED if any is
-    unfinished (``--resume`` continues it), else FINISHED (trials stopped early by ASHA count as done)."""
-    return "FAILED" if counts.get("failed") else "KILLED" if counts.get("unfinished") else "FINISHED"
+    unfinished or not started (``--resume`` continues it), else FINISHED (trials stopped early by ASHA count as
+    done)."""
+    return "FAILED" if counts.get("failed") else "KILLED" if any(counts.get(k) for k in UNDONE) else "FINISHED"
 
 
 def print_summary(results, plan: Plan) -> tuple[list[dict[str, typing.Any]], dict[str, int]]:
-    """Count the trials by :func:`trial_outcome` and print the counts and, for a search, the best trial.
+    """Count the trials by :func:`trial_outcome` and print the counts and, for a search, the best trial. The plan's
+    trials Tune had not created yet (an interrupted sweep; Tune creates trials as slots free up) count as
+    ``not started``.
 
     Returns (one row per finished trial: ``task, recipe, backbone, seed, G, G_censored``, the 95 % intervals'
     ``G_lo, G_hi, G_interp, G_interp_lo, G_interp_hi, G_hi_censored`` where logged, ``acc_d{D}...``; the counts).
@@ -649,6 +709,9 @@ def print_summary(results, plan: Plan) -> tuple[list[dict[str, typing.Any]], dic
                                                      "G_hi_censored") if k in m},
                          **{depth_metric("acc", d): float(m[depth_metric("acc", d)]) for d in cfg.eval.depths
                             if depth_metric("acc", d) in m}})
+    never_created = count_trials(plan) - len(results)
+    if never_created > 0:
+        counts["not started"] = counts.get("not started", 0) + never_created
     print("\ntrials: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     if plan.metric is not None and rows:
         best = results.get_best_result(metric=plan.metric, mode=plan.mode, filter_nan_and_inf=True)
@@ -678,14 +741,14 @@ def _run_analysis(sweep: str, tracker, out_dir: str | None) -> bool:
         try:
             report = analyze(experiment_name(sweep), parent_run_id=tracker.parent_run_id, tracking_uri=tracker.uri,
                              out_dir=out)
+            report = report if isinstance(report, dict) else {}
+            if report.get("main_table"):
+                print("\n" + str(report["main_table"]))
+            if "plan_vs_actual" in report.get("tables", {}):  # read here: a temporary folder goes at the block's end
+                print(report["tables"]["plan_vs_actual"]["md"].read_text(encoding="utf-8"))
         except Exception as e:  # noqa: BLE001 - the runs are tracked already; rerun with python -m analysis
             print(f"analysis failed ({type(e).__name__}: {e}); rerun: {rerun}", file=sys.stderr)
             return False
-    report = report if isinstance(report, dict) else {}
-    if report.get("main_table"):
-        print("\n" + str(report["main_table"]))
-    if "plan_vs_actual" in report.get("tables", {}):  # what the trials used against par_ray.cost's plan
-        print(report["tables"]["plan_vs_actual"]["md"].read_text(encoding="utf-8"))
     for w in report.get("warnings", ()):
         print(f"analysis: {w}")
     where = f"in {out_dir}, " if out_dir is not None else ""

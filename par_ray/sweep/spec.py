@@ -266,6 +266,11 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
     if search is not None:
         if callable(search.space):
             search = replace(search, space=dict(search.space(resolve({**fixed, **grid[0]}, spec.extra_recipes))))
+        searched = [k for k in opts.overrides if k in search.space]
+        if searched:  # the search would overwrite the --set value in every trial it proposes
+            raise SweepConfigError("--set: " + "; ".join(
+                f"{k} is searched by this sweep (its search space: {sorted(search.space)}); drop the --set, or fix "
+                f"it in the sweep's search space" for k in searched))
         space.update(search.space)
         ends = {k: domain_ends(k, d) for k, d in search.space.items()}
         first = {k: v[0] for k, v in ends.items()}
@@ -293,15 +298,14 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
 
 def override_errors(spec: SweepSpec, overrides: typing.Mapping[str, str]) -> list[str]:
     """Problems of ``--set`` overrides: a key that is not a config field or a value that does not convert
-    (``from_flat``), a grid dimension (they have their own flags: ``--seeds``, ``--backbones``, or the spec), a key the
-    spec's search samples. Ranges are checked with every trial's config in :func:`build_plan`."""
+    (``from_flat``), a grid dimension (they have their own flags: ``--seeds``, ``--backbones``, or the spec). A key
+    the spec's search samples, and ranges, are checked in :func:`build_plan` (a search space may be a function of the
+    trial's config)."""
     if not overrides:
         return []
     reserved = {"train.seed": "--seeds", "backbone.name": "--backbones", "task.name": "the sweep's tasks",
                 "recipe.name": "the sweep's recipes"}
     errs = [f"{k} is a grid dimension (set it with {reserved[k]})" for k in overrides if k in reserved]
-    if spec.search is not None and not callable(spec.search.space):
-        errs += [f"{k} is searched by this sweep" for k in overrides if k in spec.search.space]
     try:
         from_flat({k: v for k, v in overrides.items() if k not in reserved})
     except ValueError as e:
@@ -311,10 +315,22 @@ def override_errors(spec: SweepSpec, overrides: typing.Mapping[str, str]) -> lis
 
 def missing_weights(plan: Plan) -> list[str]:
     """One error per backbone of ``plan`` whose pretrained weights or tokenizer do not resolve on this machine
-    (``par_ray.weights.weights_errors``: each names the backbone, where it looked and the download command).
-    Checked before any cluster resource is claimed; empty for random-init trials."""
+    (``par_ray.weights.weights_errors``: each names the backbone, where it looked and the download command), then one
+    per (backbone, task) whose task words the parent's tokenizer cannot render one token each
+    (``par_ray.train.checkpoint.trained_task``, as the trials' workers would). Checked before any cluster resource is
+    claimed; empty for random-init trials."""
+    from par_ray.train.checkpoint import trained_task
+
     model_dir = str(plan.param_space.get(MODEL_DIR_KEY) or "") or None
-    return weights_errors(((cfg.backbone.name, cfg.backbone.pretrained) for _, cfg in plan.trials), model_dir)
+    errors = weights_errors(((cfg.backbone.name, cfg.backbone.pretrained) for _, cfg in plan.trials), model_dir)
+    if errors:
+        return errors
+    for cfg in {(cfg.backbone, cfg.task): cfg for _, cfg in plan.trials if cfg.backbone.pretrained}.values():
+        try:
+            trained_task(cfg)
+        except ValueError as e:
+            errors.append(f"{cfg.backbone.name} ({cfg.backbone.pretrained}): {e}")
+    return errors
 
 
 def fixed_overrides(spec: SweepSpec, preset: str) -> dict[str, typing.Any]:

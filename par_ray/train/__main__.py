@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 
@@ -27,6 +28,7 @@ from par_ray.config import from_flat, parse_overrides, to_flat
 from par_ray.evaluation import extrapolation_from_metrics, format_G, format_interval
 from par_ray.model.registry import BACKBONES
 from par_ray.recipes import apply_recipe
+from par_ray.train.checkpoint import trained_task
 from par_ray.tracking_schema import depth_metric, g_metric
 from par_ray.trial import validate
 from par_ray.weights import resolve_pretrained
@@ -133,6 +135,7 @@ def config_from_args(args):
     if cfg.backbone.pretrained is not None:  # offline first: resolved and checked before anything starts
         local = resolve_pretrained(cfg.backbone.pretrained, cfg.backbone.name, args.model_dir)
         cfg = from_flat({"backbone.pretrained": local}, base=cfg)
+        trained_task(cfg)  # the task's words through the parent's tokenizer, one token each (raises ValueError)
     return cfg
 
 
@@ -241,6 +244,25 @@ def stopping_summary(metrics: dict, depths) -> dict | None:
     return {"table": "\n".join(lines + rows), "result": result}
 
 
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """While training, SIGTERM (``kill``, a scheduler's preemption notice) stops the run as Ctrl-C does: a
+    ``KeyboardInterrupt`` in the main thread, so the Ray instance this process started is shut down on the way out
+    (its raylet, dashboard and agents with it) and the run can be continued by rerunning the command."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave SIGTERM as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -258,13 +280,11 @@ def main(argv=None) -> int:
     import ray.exceptions  # noqa: PLC0415 - heavy imports after validation
     import ray.train  # noqa: PLC0415
 
+    from par_ray.train.cluster import check_fits
     from par_ray.train.trainer import build_trainer, local_ray, repair_run_storage, run_name
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # local mode logs every report at INFO
 
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(to_flat(cfg), f, indent=2)
     t0 = time.time()
     storage, name = os.path.join(out, "ray"), run_name(cfg)
     # One worker runs in this process (Ray Train's local mode), which keeps no checkpoints; a run that left Ray
@@ -277,16 +297,33 @@ def main(argv=None) -> int:
     # The export is written beside final/ and swapped in when training ends: a run on fewer workers never leaves
     # another run's shard in final/, and a failed run leaves the previous export whole.
     final, partial = os.path.join(out, "final"), os.path.join(out, "final.partial")
-    shutil.rmtree(partial, ignore_errors=True)
     # Ray workers print through Train V2's print patch, which echoes each progress line a second time; Ray Train's
     # INFO lines (every report and checkpoint) stay in its log files (LoggingConfig), as in a sweep.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     ray_instance = contextlib.nullcontext() if local or ray.is_initialized() or os.environ.get("RAY_ADDRESS") \
         else local_ray(num_cpus=None, logging_level="WARNING")
     try:
-        with ray_instance:
-            result = build_trainer(cfg, name, storage_path=storage, local=local, export_dir=partial,
-                                   log_level="WARNING").fit()
+        with ray_instance, _sigterm_as_ctrl_c():
+            trainer = build_trainer(cfg, name, storage_path=storage, local=local, export_dir=partial,
+                                    log_level="WARNING")
+            if not local:  # workers Ray could never place would be waited for forever
+                try:
+                    check_fits(f"this run on {cfg.train.num_workers} worker(s)",
+                               trainer.scaling_config.total_resources)
+                except ValueError as e:
+                    print(f"error: --workers: {e}; use fewer --workers, or join a larger cluster (RAY_ADDRESS); "
+                          f"nothing was started", file=sys.stderr)
+                    return 2
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, "config.json"), "w") as f:
+                json.dump(to_flat(cfg), f, indent=2)
+            shutil.rmtree(partial, ignore_errors=True)
+            result = trainer.fit()
+    except KeyboardInterrupt:
+        then = ("this process keeps no checkpoint (one worker, Ray Train's local mode): rerunning starts afresh"
+                if local else f"rerun the same command to continue from the latest checkpoint in {out}")
+        print(f"\ninterrupted: {then}", file=sys.stderr)
+        return 130
     except (ray.train.TrainingFailedError, ray.exceptions.RayError, FloatingPointError, ValueError, RuntimeError,
             OSError, ImportError) as e:
         print(f"error: training failed: {_failure_reason(e)}", file=sys.stderr)

@@ -44,8 +44,10 @@ comes from ``extra.json`` (or, for exports that predate it, the run's ``result.j
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import typing
 from dataclasses import dataclass
 from typing import Callable
 
@@ -81,25 +83,38 @@ RESULT_FILE = "result.json"
 
 MANIFEST_KEY = "files"
 """``extra.json``'s manifest: ``{relative path: bytes}`` of every file rank 0 wrote into the checkpoint before it."""
+CHECKSUM_KEY = "sha256"
+"""``extra.json``'s content checksums: ``{relative path: SHA-256 hex digest}`` of the same files."""
+
+
+def sha256_of(f: typing.BinaryIO) -> str:
+    """SHA-256 hex digest of what is left to read in the binary file object ``f`` (``hashlib``, 1 MiB at a time)."""
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: f.read(2**20), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def write_extra(directory: str, extra: dict, rank: int) -> None:
     """Rank 0 writes the loop's bookkeeping (``extra``, JSON) beside the strategy's state: last and atomically (a
     temporary file, then a rename), so a checkpoint folder with an ``extra.json`` is complete (a full disk or a
-    killed worker leaves none; ``par_ray.train.trainer.repair_run_storage`` relies on it). It also lists the size of
-    every file rank 0 wrote there (:data:`MANIFEST_KEY`): Ray Train copies the folder to storage file by file, not
-    atomically, and on a full disk a copy can stop mid-file after ``extra.json`` arrived; the sizes tell."""
+    killed worker leaves none; ``par_ray.train.trainer.repair_run_storage`` relies on it). It also lists the size
+    (:data:`MANIFEST_KEY`) and the SHA-256 (:data:`CHECKSUM_KEY`) of every file rank 0 wrote there: Ray Train copies
+    the folder to storage file by file, not atomically, and on a full disk a copy can stop mid-file after
+    ``extra.json`` arrived (the sizes tell); a file damaged in place keeps its size (the checksum tells)."""
     if rank == 0:
         path = os.path.join(directory, EXTRA_FILE)
-        files = {}
+        files, checksums = {}, {}
         for root, _, names in os.walk(directory):
             for name in names:
                 full = os.path.join(root, name)
                 rel = os.path.relpath(full, directory)
                 if rel != EXTRA_FILE and not rel.endswith(".tmp"):
                     files[rel] = os.path.getsize(full)
+                    with open(full, "rb") as f:
+                        checksums[rel] = sha256_of(f)
         with open(path + ".tmp", "w") as f:
-            json.dump({**extra, MANIFEST_KEY: files}, f)
+            json.dump({**extra, MANIFEST_KEY: files, CHECKSUM_KEY: checksums}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
@@ -116,7 +131,28 @@ def read_extra(directory: str) -> dict:
     with open(os.path.join(directory, EXTRA_FILE)) as f:
         extra = json.load(f)
     extra.pop(MANIFEST_KEY, None)
+    extra.pop(CHECKSUM_KEY, None)
     return extra
+
+
+def _torch_load(path: str, map_location=None):
+    """``torch.load(path, weights_only=True)`` of a file par_ray wrote (a state dict).
+
+    Raises ``ValueError`` naming the file when it does not read back: it was damaged after it was written (bytes
+    overwritten, a copy cut short). torch's own message for such a file proposes loading it with
+    ``weights_only=False``, which would run whatever the damaged bytes say; it is not passed on. A rerun with
+    ``--resume`` (a sweep) or the same command (``python -m par_ray.train``) checks the latest checkpoint's files
+    against their checksums (``par_ray.train.trainer.repair_run_storage``), sets a damaged one aside and resumes from
+    the newest intact one."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # damaged bytes fail anywhere in the unpickler: UnpicklingError, EOFError, RuntimeError (a
+        # zip archive cut or overwritten), UnicodeDecodeError, KeyError …; the type is named in the message
+        raise ValueError(f"{path}: damaged, it does not read back as the state par_ray wrote ({type(e).__name__} "
+                         f"in torch.load); rerun with --resume (a sweep) or the same command (python -m "
+                         f"par_ray.train) to set this checkpoint aside and resume from the newest intact one") from None
 
 
 def _ema_state(state: dict | None, directory: str) -> dict:
@@ -145,7 +181,7 @@ def save_full_state(engine, directory: str, extra: dict) -> None:
 
 def load_full_state(engine, directory: str) -> dict:
     """Restore what :func:`save_full_state` wrote (every rank reads the full copy); returns ``extra``."""
-    state = torch.load(os.path.join(directory, STATE_FILE), map_location=engine.device, weights_only=True)
+    state = _torch_load(os.path.join(directory, STATE_FILE), map_location=engine.device)
     engine.raw.load_state_dict(state["model"])
     engine.optimizer.load_state_dict(state["optimizer"])
     engine.scheduler.load_state_dict(state["scheduler"])
@@ -155,7 +191,7 @@ def load_full_state(engine, directory: str) -> dict:
 
 
 def _full_state_model(directory: str, template: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return torch.load(os.path.join(directory, STATE_FILE), map_location="cpu", weights_only=True)["model"]
+    return _torch_load(os.path.join(directory, STATE_FILE), map_location="cpu")["model"]
 
 
 def _gather_replica(engine) -> dict[str, torch.Tensor] | None:
@@ -203,7 +239,7 @@ def load_dcp(engine, directory: str) -> dict:
     set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     if engine.ema is not None:
         set_model_state_dict(engine.ema, state["ema"])
-    engine.scheduler.load_state_dict(torch.load(os.path.join(directory, SCHEDULER_FILE), weights_only=True))
+    engine.scheduler.load_state_dict(_torch_load(os.path.join(directory, SCHEDULER_FILE)))
     return read_extra(directory)
 
 
@@ -252,7 +288,7 @@ def load_zero(engine, directory: str) -> dict:
         raise FileNotFoundError(f"no DeepSpeed checkpoint under {directory}")
     if engine.ema is not None:
         file = os.path.join(directory, EMA_FILE)
-        state = torch.load(file, map_location=engine.device, weights_only=True) if os.path.isfile(file) else None
+        state = _torch_load(file, map_location=engine.device) if os.path.isfile(file) else None
         engine.ema.load_state_dict(_ema_state(state, directory))
     return read_extra(directory)
 

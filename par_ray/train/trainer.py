@@ -20,7 +20,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy, FailureDecision
 
 from par_ray.config import TrialConfig, to_flat
-from par_ray.train.checkpoint import MANIFEST_KEY
+from par_ray.train.checkpoint import CHECKSUM_KEY, MANIFEST_KEY, sha256_of
 from par_ray.train.loop import RESUME_FREE_FIELDS, LockstepError, NonFiniteLossError, train_loop_per_worker
 from par_ray.trial import validate
 
@@ -183,31 +183,49 @@ class FailFastPolicy(DefaultFailurePolicy):
 
 
 class Trainer(TorchTrainer):
-    """``TorchTrainer`` whose controller decides on failures with :class:`FailFastPolicy`."""
+    """``TorchTrainer`` whose controller decides on failures with :class:`FailFastPolicy`, and whose ``fit`` leaves
+    Ctrl-C to Python (``KeyboardInterrupt``)."""
 
     def _initialize_and_run_controller(self, **controller_init_kwargs):
         controller_init_kwargs["failure_policy"] = FailFastPolicy(self.run_config.failure_config)
         return super()._initialize_and_run_controller(**controller_init_kwargs)
+
+    def _register_sigint_handler(self, controller):
+        """Install nothing. Ray Train's handler (called by ``fit`` on the main thread) answers the first Ctrl-C by
+        asking the controller to abort and waiting for the answer, which does not come while the controller is
+        blocked (a worker group waiting for resources: one Ctrl-C then does nothing, the third exits silently), and
+        it stays installed after ``fit``. Python's ``KeyboardInterrupt`` instead ends ``fit`` at once; the caller's
+        ``ray.shutdown`` (or leaving the cluster) ends the controller and its workers, which the driver owns."""
 
 
 SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
 """Ray Train V2's record of a run's checkpoints (``<storage>/<run name>/``), read when a run of that name starts."""
 
 
+DAMAGED_DIR = "damaged"
+"""Where :func:`repair_run_storage` sets aside a checkpoint whose files do not match their checksums
+(``<storage>/<run name>/damaged/<checkpoint folder>``): kept for inspection, never read by Ray Train."""
+
+
 def repair_run_storage(storage_path: str, name: str) -> list[str]:
     """Make the stored checkpoints of run ``name`` loadable again after a write was cut short (a full disk, a killed
-    node), so that the run resumes from its last complete checkpoint; returns one line per repair (empty: none).
+    node) or a checkpoint file was damaged in place, so that the run resumes from its newest intact checkpoint;
+    returns one line per repair (empty: none).
 
     A checkpoint folder is complete when its ``extra.json`` (written last, atomically) holds the step, none of its
-    files is empty, and every file its manifest lists has the size listed (``par_ray.train.checkpoint.write_extra``). Incomplete folders are removed. Ray Train's snapshot (:data:`SNAPSHOT_FILE`) is
-    rewritten from the complete checkpoints, in step order and with their reports, when it does not parse (ENOSPC
-    truncates it to 0 bytes and every later start raises ``CheckpointManagerInitializationError``) or names a
-    checkpoint that is not complete; with no complete checkpoint left it is removed (the run starts afresh).
-    Complete folders that a readable snapshot does not list (or that sit beside no snapshot) are orphans: written
-    before Train registered them, or registered out of the snapshot by its retention rule (``num_to_keep``) before
-    the interrupt let it delete them. Train never reads or deletes an orphan, so the retention rule is applied here:
-    they are removed, and the resumed run repeats their steps (the data of a step depends only on the step).
-    Local paths and storage URIs alike (pyarrow, as Ray's storage).
+    files is empty, and every file its manifest lists has the size listed (``par_ray.train.checkpoint.write_extra``).
+    Incomplete folders are removed. Complete folders that a readable snapshot does not list (or that sit beside no
+    snapshot) are orphans: written before Train registered them, or registered out of the snapshot by its retention
+    rule (``num_to_keep``) before the interrupt let it delete them. Train never reads or deletes an orphan, so the
+    retention rule is applied here: they are removed, and the resumed run repeats their steps (the data of a step
+    depends only on the step). The checkpoint the run would resume from (the newest by step) is then read whole and
+    its files checked against the SHA-256 checksums of its manifest (``hashlib``); a damaged one (bytes overwritten
+    in place keep the size) is moved to :data:`DAMAGED_DIR` and the next newest is checked, until one is intact.
+    Ray Train's snapshot (:data:`SNAPSHOT_FILE`) is rewritten from the checkpoints left, in step order and with their
+    reports, when it does not parse (ENOSPC truncates it to 0 bytes and every later start raises
+    ``CheckpointManagerInitializationError``) or names a checkpoint that is incomplete or was set aside; with no
+    checkpoint left it is removed (the run starts afresh). Local paths and storage URIs alike (pyarrow, as Ray's
+    storage).
     """
     import pyarrow.fs
 
@@ -227,26 +245,50 @@ def repair_run_storage(storage_path: str, name: str) -> list[str]:
     snapshot_path = f"{run_dir}/{SNAPSHOT_FILE}"
 
     def remove_orphans(listed) -> list[str]:
-        orphans = sorted(set(complete) - set(listed))
-        for n in orphans:
+        removed = []
+        for n in sorted(set(complete) - set(listed)):
             fs.delete_dir(f"{run_dir}/{n}")
-        return [f"removed checkpoint {n} (step {complete[n]['step']}): Ray Train never registered it or had retired "
-                f"it; the resumed run repeats its steps" for n in orphans]
+            removed.append(f"removed checkpoint {n} (step {complete.pop(n)['step']}): Ray Train never registered it "
+                           f"or had retired it; the resumed run repeats its steps")
+        return removed
+
+    def set_aside_damaged(names) -> list[str]:
+        """The newest of ``names`` checked, a damaged one moved to DAMAGED_DIR, until one is intact."""
+        damaged = []
+        for n in sorted(names, key=lambda n: complete[n]["step"], reverse=True):
+            bad = _damaged_files(fs, f"{run_dir}/{n}", complete[n])
+            if not bad:
+                break
+            _move_dir(fs, f"{run_dir}/{n}", f"{run_dir}/{DAMAGED_DIR}/{n}")
+            damaged.append(f"{n} (step {complete.pop(n)['step']}): {', '.join(bad)} does not match its SHA-256 in "
+                           f"extra.json")
+        return damaged
 
     if fs.get_file_info(snapshot_path).type != pyarrow.fs.FileType.File:
         return notes + remove_orphans([])
     with fs.open_input_stream(snapshot_path) as f:
         text = f.read().decode(errors="replace")
+    damaged = []
     try:
         listed = [r["checkpoint_dir_name"] for r in json.loads(text)["checkpoint_results"]]
         if all(n in complete for n in listed):
-            return notes + remove_orphans(listed)
-        why = "named an incomplete checkpoint"
+            notes += remove_orphans(listed)
+            damaged = set_aside_damaged(listed)
+            if not damaged:
+                return notes
+            why = "named a damaged checkpoint"
+        else:
+            why = "named an incomplete checkpoint"
     except (ValueError, KeyError, TypeError):
         why = f"was unreadable ({len(text)} bytes)"
+    if not damaged:
+        damaged = set_aside_damaged(list(complete))
+    aside = f"damaged checkpoint set aside in {DAMAGED_DIR}/: {'; '.join(damaged)}; " if damaged else ""
     if not complete:
         fs.delete_file(snapshot_path)
-        return notes + [f"Ray Train's {SNAPSHOT_FILE} {why} and no complete checkpoint is left: starting afresh"]
+        return notes + [aside + ("no intact checkpoint is left: starting afresh" if damaged else
+                                 f"Ray Train's {SNAPSHOT_FILE} {why} and no complete checkpoint is left: starting "
+                                 f"afresh")]
     order = sorted(complete, key=lambda n: complete[n]["step"])
     results = [{"version": 0, "checkpoint_dir_name": n,
                 "metrics": complete[n].get("report") or {"step": complete[n]["step"]}} for n in order]
@@ -259,8 +301,11 @@ def repair_run_storage(storage_path: str, name: str) -> list[str]:
     with fs.open_output_stream(tmp) as f:
         f.write(json.dumps(snapshot).encode())
     fs.move(tmp, snapshot_path)
-    return notes + [f"Ray Train's {SNAPSHOT_FILE} {why}: rebuilt from the {len(results)} complete checkpoint(s); "
-                    f"resuming from step {complete[order[-1]]['step']} ({order[-1]})"]
+    resuming = f"resuming from step {complete[order[-1]]['step']} ({order[-1]})"
+    if why == "named a damaged checkpoint":  # one line: which checkpoint was set aside, and where the run resumes
+        return notes + [aside + resuming]
+    return notes + [aside + f"Ray Train's {SNAPSHOT_FILE} {why}: rebuilt from the {len(results)} complete "
+                            f"checkpoint(s); {resuming}"]
 
 
 def _complete_checkpoint(fs, directory: str) -> dict | None:
@@ -286,6 +331,30 @@ def _complete_checkpoint(fs, directory: str) -> dict | None:
     if any(sizes.get(rel) != size for rel, size in extra.get(MANIFEST_KEY, {}).items()):
         return None  # a file cut short or missing (Train's copy to storage stopped mid-way)
     return extra
+
+
+def _damaged_files(fs, directory: str, extra: dict) -> list[str]:
+    """The files of the checkpoint folder ``directory`` whose SHA-256 differs from the one its ``extra.json`` lists
+    (``par_ray.train.checkpoint.CHECKSUM_KEY``; checkpoints written before checksums list none: nothing to check)."""
+    bad = []
+    for rel, digest in sorted((extra.get(CHECKSUM_KEY) or {}).items()):
+        with fs.open_input_stream(f"{directory}/{rel}") as f:
+            if sha256_of(f) != digest:
+                bad.append(rel)
+    return bad
+
+
+def _move_dir(fs, source: str, target: str) -> None:
+    """Move a folder within one pyarrow file system: a rename on a local disk; a copy, then a delete, on an object
+    store (S3 and GCS have no folder rename)."""
+    import pyarrow.fs
+
+    fs.create_dir(target.rpartition("/")[0], recursive=True)
+    if isinstance(fs, pyarrow.fs.LocalFileSystem):
+        fs.move(source, target)
+        return
+    pyarrow.fs.copy_files(source, target, source_filesystem=fs, destination_filesystem=fs)
+    fs.delete_dir(source)
 
 
 def config_hash(cfg: TrialConfig) -> str:
