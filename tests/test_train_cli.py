@@ -91,6 +91,8 @@ def test_short_run_learns_and_writes_result(tmp_path):
     assert set(result["accuracy_by_depth"]) == {"4", "8"}
     for key in ("d50", "G", "train_seconds", "config"):
         assert key in result
+    # the last report's window (steps 41-60): what a benchmark reads as the steady state
+    assert result["step_time_s"] > 0 and result["tokens_per_s"] > 0 and result["peak_memory_mb"] > 0
     assert result["config"]["task.train_depth"] == 4
     # loss falls well below its start (ln 5 ≈ 1.61 per query at chance, ~3.1 at init over the 23-token vocab)
     assert result["final_loss"] < 1.3
