@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 PYTHON="${PYTHON:-python3}"
 budget=470
 for arg in "$@"; do
-  case "$arg" in --dry-run) budget=1500 ;; esac
+  case "$arg" in --dry-run) budget=2400 ;; esac
 done
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
