@@ -7,9 +7,16 @@
 #   benchmarks/gpu_rehearsal.sh [VENV]      # default build/gpu_rehearsal/venv; prints the venv's python
 #   PAR_RAY_REHEARSAL_PYTHON=$(benchmarks/gpu_rehearsal.sh | tail -1) python -m pytest tests/test_gpu_session.py
 #
-# PyPI's torch 2.11.0 for Linux x86-64 is the CUDA 13 build (530 MB) and pulls its CUDA libraries (~2.7 GB in all):
-# the same build as the image's, run on the CPU. Needs a Python 3.12 ($PYTHON312, default: pyenv's 3.12.x, else
-# python3.12) and network to PyPI; downloads are kept in build/gpu_rehearsal/wheels.
+# What it does, in order:
+#   1. makes VENV with a Python 3.12 ($PYTHON312, default: pyenv's newest 3.12.x, else python3.12) unless it exists;
+#   2. `pip download -r benchmarks/gpu_image.txt` into build/gpu_rehearsal/wheels, with dependencies (network to PyPI;
+#      files already there are not downloaded again). PyPI's torch 2.11.0 for Linux x86-64 is the CUDA 13 build
+#      (530 MB) and pulls its CUDA libraries: ~2.7 GB in all, the same build as the image's, run here on the CPU;
+#   3. installs every wheel in that folder, with --no-index --no-deps, except those named in benchmarks/gpu_bundle.txt
+#      (dependencies of the image's packages that the image lacks too: the session must find them in the bundle);
+#   4. prints torch's and transformers' versions (stderr) and the venv's python (stdout).
+# Measured on a 2-core machine with the wheels already downloaded: 1 min 24 s, 93 packages with pip (torch 2.11.0+cu130,
+# transformers 5.17.0); the venv takes 5.2 GB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-build/gpu_rehearsal/venv}"
