@@ -2,10 +2,10 @@
 
 It needs only torch, transformers and par_ray's model, training step, evaluation and cost model (no Ray, DeepSpeed,
 MLflow or polars: ``tests/test_imports.py`` guards that those import without them), so it runs on a bare GPU machine
-whose Python has torch + transformers and nothing downloadable (random-init weights of the exact public shapes). Sections,
-each timed, each under its own alarm, each in its own ``try`` (an error is recorded, the next section still runs),
-all under one global budget; the JSON is rewritten after every section, so a run killed from outside keeps what it
-measured:
+whose Python has torch + transformers and nothing downloadable (random-init weights of the exact public shapes).
+Sections, each timed, each under its own alarm, each in its own ``try`` (an error is recorded, the next section still
+runs), all under one global budget; the JSON is rewritten after every section, so a run killed from outside keeps
+what it measured:
 
 ``environment``      Python / torch / CUDA / transformers versions and the device.
 ``matmul_peak``      the measured bf16 matmul peak (fp32 on the CPU dry path): best ``torch.mm`` FLOP/s.
@@ -586,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
                                       f"--dry-run for the CPU path", EXIT_NO_CUDA)
     if not plan.gpu and torch.cuda.is_available():  # never CPU numbers where the GPU's are expected
         return _refuse(args.out, doc, f"--dry-run on a machine with CUDA ({torch.cuda.get_device_name(0)}): the dry "
-                                      f"path measures the CPU at tiny shapes; run without --dry-run", EXIT_DRY_RUN_ON_GPU)
+                                      f"path measures the CPU at tiny shapes; run without --dry-run",
+                       EXIT_DRY_RUN_ON_GPU)
     budget = args.budget_s if args.budget_s is not None else (380.0 if plan.gpu else 240.0)
     doc["budget_s"] = budget
     threads = torch.get_num_threads()

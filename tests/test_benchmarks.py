@@ -169,7 +169,8 @@ def test_gpu_check_counts_gqa_flops_where_torch_2_11_asserts(monkeypatch):
 
 def test_gpu_check_plans_evaluation_memory_with_the_measured_vocabulary():
     """The GPU plan measures the checkpoint's 151,936-token vocabulary: its evaluation plan has that vocabulary's
-    read-out (B·Q·V·(b + 4) bytes), not the task's (before: a spurious 21–28 % planner error at d = 512 / halting)."""
+    read-out (B·Q·V·(b + 4) bytes), not the task's (before: a spurious 21–28 % planner error at d = 512 /
+    halting)."""
     from dataclasses import replace as dc_replace
 
     from par_ray import planner

@@ -440,8 +440,9 @@ def deepspeed(model: nn.Module, train_cfg, world: World, ema: bool = False) -> E
 
     DeepSpeed needs a process group: inside Ray Train it adopts Ray's (``init_distributed`` sees torch.distributed
     initialised and wraps it, gloo on CPU, NCCL on GPU); in Train's local mode (no group) we start a one-rank group
-    in this process (:func:`one_rank_group`: NCCL on GPU, gloo on CPU). On CPU, DeepSpeed JIT-compiles C++ ops on first use (``deepspeed_shm_comm``, and
-    ``cpu_adam`` for offload), cached under ``TORCH_EXTENSIONS_DIR`` (see :func:`build_deepspeed_ops`).
+    in this process (:func:`one_rank_group`: NCCL on GPU, gloo on CPU). On CPU, DeepSpeed JIT-compiles C++ ops on
+    first use (``deepspeed_shm_comm``, and ``cpu_adam`` for offload), cached under ``TORCH_EXTENSIONS_DIR`` (see
+    :func:`build_deepspeed_ops`).
 
     ``ema``: an EMA teacher, a full float32 copy on every rank made before ``deepspeed.initialize`` (not partitioned
     under ZeRO-3: 4 bytes × Ψ per GPU, which ``par_ray.planner`` counts).
