@@ -31,7 +31,8 @@ Parts, in priority order (``--parts`` picks some; the rest are listed as left ou
 
 ``--dry-run`` runs the same parts on the CPU at tiny shapes (tiny-qwen2, random init, small batches), with the same
 checks; only the checkpoint written for ``cli_paper`` and the ``sweep`` part differ: the Qwen2.5-0.5B checkpoint is
-still written and resolved (``sweeps/backbone_scaling.py --dry-run --preset paper --model-dir``) but not trained, and
+still written, resolved (``sweeps/backbone_scaling.py --dry-run --preset paper --model-dir``) and loaded back
+through the paper preset (weights equal to those saved, tokenizer, a forward of the looped model) but not trained, and
 the sweep is the smoke test of the local preset. A dry run on a machine with CUDA is refused (exit 4), and so is a
 GPU run without CUDA (exit 3): never CPU numbers where the GPU's are expected.
 
@@ -243,7 +244,10 @@ def gpu_check(s: Session, limit: float) -> dict:
 
 def write_model_dir(s: Session, limit: float) -> dict:
     """``MODEL_DIR/Qwen/Qwen2.5-0.5B``: random init of the exact config, saved with ``save_pretrained`` in bf16, and
-    the bundle's Qwen tokenizer files, as ``hf download`` leaves a checkpoint."""
+    the bundle's Qwen tokenizer files, as ``hf download`` leaves a checkpoint. Dry (the checkpoint is not trained
+    on the CPU): loaded back as the GPU run loads it, through the paper preset's config resolved against the model
+    directory, its tokenizer, the parent's weights (equal to those saved) and the looped retrofit on a short
+    prompt; ``PartFailed`` when any of that fails."""
     target = s.model_dir / PAPER_HUB_ID
     code = (
         "import json, os, shutil, sys, time, torch\n"
@@ -264,9 +268,39 @@ def write_model_dir(s: Session, limit: float) -> dict:
         "    shutil.copy(os.path.join(tok, name), target)\n"
         "n = sum(p.numel() for p in model.parameters())\n"
         "size = sum(os.path.getsize(os.path.join(target, f)) for f in os.listdir(target))\n"
-        "print(json.dumps({'params': n, 'bytes': size, 'seconds': time.perf_counter() - t0,\n"
-        "                  'files': sorted(os.listdir(target))}))")
-    return s.python_json(code, limit, "model_dir")
+        "out = {'params': n, 'bytes': size, 'seconds': time.perf_counter() - t0, 'files': sorted(os.listdir(target))}\n"
+        + (_LOAD_CHECK.format(model_dir=str(s.model_dir)) if s.dry else "")
+        + "print(json.dumps(out))")
+    written = s.python_json(code, limit, "model_dir")
+    check = written.get("load_check") or {}
+    if s.dry and not (check.get("weights_equal") and check.get("logits_finite")
+                      and check.get("logits_shape", [0])[-1] == 151_936):
+        raise PartFailed(f"the checkpoint written to {target} does not load back through the paper preset: {written}")
+    return written
+
+
+_LOAD_CHECK = """
+# dry run: the checkpoint is not trained on the CPU, so load it back the way the GPU run will: the paper preset's
+# config resolved against the model directory (CLI), its tokenizer, the parent's weights (equal to those saved) and
+# the looped retrofit, which runs a short prompt
+from par_ray.model.looped import build_looped
+from par_ray.train.__main__ import config_from_args, parse_args
+from par_ray.weights import parent_tokenizer, resolved_backbone
+t1 = time.perf_counter()
+cfg = config_from_args(parse_args(['--preset', 'paper', '--model-dir', {model_dir!r}]))
+tokenizer = parent_tokenizer(cfg.backbone, {model_dir!r})
+saved = model.state_dict()
+loaded = backbones.load('qwen2.5-0.5b', cfg.backbone.pretrained).state_dict()
+equal = saved.keys() == loaded.keys() and all(torch.equal(saved[k].float(), loaded[k]) for k in saved)
+del model, saved, loaded
+looped = build_looped(resolved_backbone(cfg.backbone, {model_dir!r}), cfg.recipe)
+ids = tokenizer('3 1 4 1 5 9 2 6', return_tensors='pt').input_ids
+with torch.no_grad():
+    logits = looped.iterate(ids, torch.tensor([ids.shape[1] - 1]), R=2, read='last').logits_KBQV
+out['load_check'] = {{'pretrained': cfg.backbone.pretrained, 'weights_equal': bool(equal),
+                     'logits_shape': list(logits.shape), 'logits_finite': bool(torch.isfinite(logits).all()),
+                     'seconds': time.perf_counter() - t1}}
+"""
 
 
 def _cli_argv(s: Session, name: str, strategy: str | None = None, steps: int | None = None) -> tuple[list[str], Path]:
@@ -425,7 +459,8 @@ def g4_timing(s: Session, limit: float) -> dict:
             "--set", "recipe.extra_iterations=3", "--set", "backbone.adapter_alpha=0.1",
             "--set", "backbone.attention_window=2", "--set", "backbone.coda_window=8",
             "--set", f"eval.num_sequences={16 if s.dry else 128}", "--set", "eval.num_sequences_fine=0",
-            "--set", f"eval.batch_size={16 if s.dry else 128}", "--set", f"train.use_gpu={'false' if s.dry else 'true'}",
+            "--set", f"eval.batch_size={16 if s.dry else 128}",
+            "--set", f"train.use_gpu={'false' if s.dry else 'true'}",
             "--set", f"train.report_every={steps // 3}", "--out", str(out)]
     if s.dry:
         argv += ["--set", "train.threads_per_worker=1"]
@@ -482,6 +517,10 @@ def main(argv: list[str] | None = None) -> int:
              "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": "local",
              "PAR_RAY_GIT_COMMIT": _git_commit()}
     s.env.pop("MLFLOW_TRACKING_URI", None)  # the sweep's own SQLite store under its --storage
+    # torch keys its default JIT-extension cache by Python and CUDA build (~/.cache/torch_extensions/py312_cu130):
+    # a TORCH_EXTENSIONS_DIR shared with another Python (the project venv's) would have the dry run's DeepSpeed
+    # ops rebuilt over that Python's, and the other way round
+    s.env.pop("TORCH_EXTENSIONS_DIR", None)
     budget = args.budget_s or (DRY_BUDGET_S if s.dry else GPU_BUDGET_S)
     s.doc = {"dry_run": s.dry, "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "budget_s": budget, "python": s.python, "parts": {}, "passed": False}

@@ -92,7 +92,8 @@ def _session_sh(out: Path, python: str, *args: str, timeout: int) -> subprocess.
 def test_dry_session_runs_the_cli_trial_through_the_session(tmp_path):
     """The CPU dry run of the ``cli_paper`` part with this environment's packages (no bundle: it is built for the
     device's Python 3.12): the exact Qwen2.5-0.5B checkpoint written with ``save_pretrained`` and resolved by the
-    paper preset, the paper-preset CLI at a tiny shape, its result, export, timing, MFU inputs and memory plan."""
+    paper preset and loaded back through it (the path the GPU run trains from: tokenizer, weights, retrofit), the
+    paper-preset CLI at a tiny shape, its result, export, timing, MFU inputs and memory plan."""
     proc = _session_sh(tmp_path, sys.executable, "--parts", "cli_paper", timeout=900)
     doc = _doc(tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -101,6 +102,10 @@ def test_dry_session_runs_the_cli_trial_through_the_session(tmp_path):
     written = part["result"]["model_dir"]
     assert written["params"] == 494_032_768 and "tokenizer.json" in written["files"]
     assert "model.safetensors" in written["files"] and "config.json" in written["files"]
+    # not trained on the CPU, so loaded back as the GPU run loads it: paper preset, tokenizer, weights, retrofit
+    check = written["load_check"]
+    assert check["pretrained"].endswith("Qwen/Qwen2.5-0.5B") and check["weights_equal"] is True
+    assert check["logits_shape"] == [1, 1, 1, 151_936] and check["logits_finite"] is True
     trial = part["result"]["trial"]
     assert trial["steps_per_s"] > 0 and trial["tokens_per_s"] > 0 and trial["planned_bytes"] > 0
     assert trial["export_bytes"] > 0 and trial["eval_seconds"] > 0 and 0 < trial["eval_share"] < 1
