@@ -14,23 +14,33 @@ from analysis.load import AnalysisError
 from analysis.report import analyze
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m analysis`` argument parser, built without running anything (flags in groups, one example)."""
     parser = argparse.ArgumentParser(
         prog="python -m analysis", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Analyse a par_ray sweep from its MLflow runs: accuracy by test depth, d50 and G over\n"
-                    "the seeds of each configuration, written to --out as paper-layout tables (Markdown,\n"
-                    "CSV, LaTeX) and PNG figures, and logged to the sweep's parent run under analysis/.",
-        epilog="example:\n  python -m analysis --experiment par_ray/backbone_scaling \\\n"
+        description="Analyse a finished sweep from its MLflow runs: paper-style tables and accuracy-by-depth plots.",
+        epilog="Accuracy by test depth, d50 and G over the seeds of each configuration, written to --out as\n"
+               "Markdown, CSV and LaTeX tables and PNG figures, and logged to the sweep's parent run under\n"
+               "analysis/. A sweep runs this at its end already; rerun it to analyse again or elsewhere.\n"
+               "\nexample:\n  python -m analysis --experiment par_ray/backbone_scaling \\\n"
                "      --tracking-uri sqlite:///runs/backbone_scaling/mlflow.db --out runs/backbone_scaling/analysis")
-    parser.add_argument("--experiment", required=True, help="MLflow experiment name, e.g. par_ray/ablations")
-    parser.add_argument("--parent-run", default=None,
+    source = parser.add_argument_group("which runs")
+    source.add_argument("--experiment", required=True, help="MLflow experiment name, e.g. par_ray/ablations")
+    source.add_argument("--parent-run", default=None,
                         help="sweep (parent) run id; default: every trial of the experiment, logged to its newest "
                              "sweep run")
-    parser.add_argument("--tracking-uri", default=None,
+    source.add_argument("--tracking-uri", default=None,
                         help="MLflow tracking URI, e.g. sqlite:///runs/<sweep>/mlflow.db (default: "
                              "$MLFLOW_TRACKING_URI; one of the two is required)")
-    parser.add_argument("--out", required=True, help="output folder for tables (md/csv/tex) and figures (png)")
-    parser.add_argument("--no-log", action="store_true", help="do not log the outputs to the parent run")
+    out = parser.add_argument_group("where the tables and figures go")
+    out.add_argument("--out", required=True, help="output folder for tables (md/csv/tex) and figures (png)")
+    out.add_argument("--no-log", action="store_true", help="do not log the outputs to the parent run")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, analyse, print the main table and where the files went; bad input → one ``error:`` line, status 2."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not args.tracking_uri and not os.environ.get("MLFLOW_TRACKING_URI"):
         # MLflow's own default is sqlite:///mlflow.db in the working directory: it would create an empty store there

@@ -27,6 +27,14 @@ and, labelled "interpolated" wherever shown (a par_ray addition that tells apart
 
 The mean G of a configuration with any censored seed is itself a lower bound (``lower_bound``, shown as "≥").
 
+Within a trial (issue 37): the 95 % intervals of G and of the interpolated G that the trial logged
+(``par_ray.evaluation.extrapolation_interval``: a bootstrap over its test sequences, after adaptive sampling near the
+crossing), read as logged (``G_lo``, ``G_hi``, ``G_interp_lo``, ``G_interp_hi``, ``G_hi_censored``;
+``par_ray.tracking_schema.INTERVAL_KINDS``): the bootstrap needs the per-depth sequence counts, which the curve alone
+does not carry. :func:`g_intervals` puts them beside each trial's recomputed G, and :func:`interval_spread` the seed
+spread beside the intervals' mean width: seeds that differ by more than the intervals are wide differ by more than
+test-set sampling explains.
+
 Stoppings (:data:`STOPPINGS`): the curve above is R = ⌈d/c⌉'s (``acc_d{D}``). A trial with a halting read-out
 (``recipe.halting``) also logged its accuracy when it stops itself (``halt_acc_d{D}``, the primary rule) and at the
 oracle best fixed R per depth (``best_acc_d{D}``); :func:`stopping_accuracy` and :func:`stopping_g` give the same
@@ -84,6 +92,10 @@ class Summary:
     """:func:`stopping_g`: per configuration with a halting read-out and stopping; empty without."""
     iterations: pl.DataFrame
     """:func:`iteration_stats`: per configuration and k; empty when no rms_k / halt_prob_k were logged."""
+    intervals: pl.DataFrame
+    """:func:`g_intervals`: per trial and stopping with a logged 95 % interval; empty when none was logged."""
+    interval_spread: pl.DataFrame
+    """:func:`interval_spread`: per configuration and stopping of ``intervals``, FINISHED trials."""
     excluded: pl.DataFrame
     """:func:`excluded_trials`: status, n for every status other than FINISHED."""
     warnings: tuple[str, ...]
@@ -93,6 +105,7 @@ class Summary:
 def summarize(frames: SweepFrames, *, n_boot: int = 1000, ci: float = 0.95, seed: int = 0) -> Summary:
     """Every aggregate of :class:`SweepFrames` (see the module docstring for the statistics)."""
     per_seed = extrapolation_per_seed(frames.acc)
+    intervals = g_intervals(frames.acc, frames.trials)
     return Summary(
         accuracy=accuracy_stats(frames.acc, n_boot=n_boot, ci=ci, seed=seed),
         per_seed=per_seed,
@@ -101,6 +114,8 @@ def summarize(frames: SweepFrames, *, n_boot: int = 1000, ci: float = 0.95, seed
         stopping_accuracy=stopping_accuracy(frames.acc, n_boot=n_boot, ci=ci, seed=seed),
         stopping_G=stopping_g(frames.acc, frames.trials),
         iterations=iteration_stats(frames.by_iteration),
+        intervals=intervals,
+        interval_spread=interval_spread(intervals),
         excluded=excluded_trials(frames.trials),
         warnings=tuple(consistency_warnings(frames.trials)),
     )
@@ -352,6 +367,73 @@ def stopping_g(acc: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
                                                      nulls_equal=True)
         parts.append(g.select(pl.lit(label, pl.String).alias("stopping"), pl.all()))
     return _in_stopping_order(pl.concat(parts, how="vertical_relaxed"), [*GROUP, "stopping"])
+
+
+STOPPING_METRICS = {CEIL: "ceil", OWN_HALTING: "halt", BEST_R: "best"}
+"""Stopping (as displayed) → its name in the tracking schema (``par_ray.tracking_schema.STOPPINGS``, the
+``g_metric`` infix: ``G_lo``, ``G_halt_lo``, ``G_best_lo``)."""
+INTERVAL_COLUMNS = ("G_lo", "G_hi", "G_interp_lo", "G_interp_hi", "G_hi_censored")
+"""The logged 95 % interval metrics read per trial (``par_ray.tracking_schema.INTERVAL_KINDS``, the G ones)."""
+
+
+def g_intervals(acc: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
+    """Every trial's G and interpolated G (:func:`extrapolation_per_seed`, recomputed from its curve) beside the 95 %
+    intervals it logged, per stopping (R = ⌈d/c⌉ for every trial; own halting and best R for the trials with a
+    halting read-out, that logged ``G_halt_lo`` / ``G_best_lo``), all statuses (``status`` kept).
+
+    Returns columns: run_id, status, GROUP, seed, ``stopping`` (:data:`STOPPINGS` labels), train_depth, ``G``,
+    ``censored``, ``G_interp``, ``G_lo``, ``G_hi``, ``G_interp_lo``, ``G_interp_hi`` (Float64; a censored bound reads
+    max tested depth / d_train, a lower bound), ``G_lo_censored`` and ``G_hi_censored`` (Boolean: the lower / upper
+    bounds lie past the largest test depth; the lower ones when ``d50_lo`` was not logged); only trials that logged
+    an interval for that stopping, in display order (GROUP, stopping, seed).
+    Empty when no trial logged one.
+    """
+    acc, trials = with_config(acc), with_config(trials)
+    runs = _halting_runs(acc)
+    parts = []
+    for label, column in STOPPINGS.items():
+        names = {k: tracking_schema.g_metric(k, STOPPING_METRICS[label]) for k in INTERVAL_COLUMNS}
+        if names["G_lo"] not in trials.columns:
+            continue
+        names["d50_lo"] = tracking_schema.g_metric("d50_lo", STOPPING_METRICS[label])  # not logged: censored
+        logged = trials.select("run_id", *[(pl.col(n) if n in trials.columns else pl.lit(None, pl.Float64))
+                                           .cast(pl.Float64).alias(k) for k, n in names.items()])
+        curves = acc if label == CEIL else acc.join(runs, on="run_id", how="semi")
+        per_seed = extrapolation_per_seed(curves, column)
+        parts.append(per_seed.join(logged.filter(pl.col("G_lo").is_not_null()), on="run_id", how="inner")
+                     .select("run_id", "status", *GROUP, "seed", pl.lit(label, pl.String).alias("stopping"),
+                             "train_depth", "G", "censored", "G_interp", *INTERVAL_COLUMNS[:-1],
+                             pl.col("d50_lo").is_null().alias("G_lo_censored"),
+                             (pl.col("G_hi_censored") > 0.5).fill_null(False).alias("G_hi_censored")))
+    if not parts:
+        return pl.DataFrame(schema={"run_id": pl.String, "status": pl.String, **{k: pl.String for k in GROUP},
+                                    "seed": pl.Int64, "stopping": pl.String, "train_depth": pl.Int64,
+                                    "G": pl.Float64, "censored": pl.Boolean, "G_interp": pl.Float64,
+                                    **{k: pl.Float64 for k in INTERVAL_COLUMNS[:-1]}, "G_lo_censored": pl.Boolean,
+                                    "G_hi_censored": pl.Boolean})
+    return _in_stopping_order(pl.concat(parts, how="vertical_relaxed"), [*GROUP, "stopping", "seed", "run_id"])
+
+
+def interval_spread(intervals: pl.DataFrame) -> pl.DataFrame:
+    """The seed spread beside the intervals: per configuration and stopping of :func:`g_intervals`, FINISHED trials.
+
+    Returns columns: GROUP, stopping, ``n`` (seeds), ``G_mean``, ``G_std``, ``G_interp_mean``, ``G_interp_std``
+    (over seeds, ddof = 1), ``lower_bound`` (any seed censored), ``G_width_mean``, ``G_interp_width_mean`` (the mean
+    over seeds of each trial's 95 % interval width, hi − lo; a censored upper bound counts at max tested depth /
+    d_train, so the width is then a lower bound), ``any_hi_censored``.
+    """
+    fin = intervals.filter(FINISHED & pl.col("G").is_not_null())
+    return _in_stopping_order(fin.group_by([*GROUP, "stopping"]).agg(
+        pl.len().cast(pl.Int64).alias("n"),
+        pl.col("G").mean().alias("G_mean"),
+        pl.col("G").std(ddof=1).alias("G_std"),
+        pl.col("G_interp").mean().alias("G_interp_mean"),
+        pl.col("G_interp").std(ddof=1).alias("G_interp_std"),
+        pl.col("censored").any().alias("lower_bound"),
+        (pl.col("G_hi") - pl.col("G_lo")).mean().alias("G_width_mean"),
+        (pl.col("G_interp_hi") - pl.col("G_interp_lo")).mean().alias("G_interp_width_mean"),
+        pl.col("G_hi_censored").any().alias("any_hi_censored"),
+    ), [*GROUP, "stopping"])
 
 
 def curve_stats(accuracy: pl.DataFrame, stopping: pl.DataFrame) -> pl.DataFrame:

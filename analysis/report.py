@@ -2,14 +2,17 @@
 
 :func:`analyze` is what ``python -m analysis`` and the sweep scripts (at their end) call. Outputs in ``out_dir``:
 
-- tables: ``main_results``, ``scale``, and when logged ``halting``, ``ablation`` and ``plan_vs_actual`` (each
+- tables: ``main_results``, ``scale``, and when logged ``halting``, ``ablation``, ``G_intervals`` (each trial's G
+  and interpolated G with their 95 % intervals, the seed spread beside them) and ``plan_vs_actual`` (each
   trial's planned vs actual device-hours and wall time, :mod:`analysis.cost`), each as ``.md``, ``.csv``, ``.tex``
   (:mod:`analysis.tables`);
 - figures: ``accuracy_<task>_<backbone>.png``, ``G_<task>.png``, ``rms_<task>.png``, ``halt_prob_<task>.png``
   (:mod:`analysis.plots`);
 - data: ``trials.csv`` (every trial, all statuses), ``accuracy.csv``, ``per_seed.csv`` (d50, G, censored),
   ``G.csv``, ``halting.csv``, ``accuracy_by_stopping.csv`` (halting trials: own halting, best R) and
-  ``G_by_stopping.csv`` (halting trials: R = ⌈d/c⌉, own halting, best R), ``iterations.csv`` (each only when it has rows; ``trials.csv`` always),
+  ``G_by_stopping.csv`` (halting trials: R = ⌈d/c⌉, own halting, best R), ``per_seed_intervals.csv`` (every trial's 95 %
+  intervals, ``aggregate.g_intervals``), ``interval_spread.csv`` (``aggregate.interval_spread``),
+  ``iterations.csv`` (each only when it has rows; ``trials.csv`` always),
   ``cost_overrides.json`` (the MFU the trials reached per device, for the sweeps' ``--prices``);
   ``summary.md`` gathers the tables and the warnings.
 
@@ -119,6 +122,8 @@ def _write_data(frames: load.SweepFrames, summary: aggregate.Summary, out: Path)
         "halting": summary.halting,
         "accuracy_by_stopping": summary.stopping_accuracy,
         "G_by_stopping": summary.stopping_G,
+        "per_seed_intervals": summary.intervals,
+        "interval_spread": summary.interval_spread,
         "iterations": summary.iterations,
     }
     paths = []

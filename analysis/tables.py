@@ -18,6 +18,10 @@ Layouts (PAR paper, §5):
   last operation's pending signal as more rows when trials logged it (``recipe.dense_pending``).
 - ``ablation``: one row per recipe with its anchoring and targets, accuracy at the largest multiple tested by every
   row, G and the interpolated G.
+- ``G_intervals`` (when trials logged them, issue 37): one row per trial (× stopping for halting trials) with G and
+  the interpolated G, each beside its 95 % interval (a bootstrap over the trial's test sequences,
+  ``par_ray.evaluation.extrapolation_interval``), then per configuration a row "seeds" with the seed spread (mean ±
+  std) beside the intervals' mean width.
 
 When the trials differ in more than task, backbone and recipe (an Optuna search: ``config`` holds the sampled knobs,
 see ``analysis.load.config_labels``), every table gains a ``config`` column, one row per configuration with its own
@@ -402,9 +406,77 @@ def ablation_results(summary: Summary) -> Table | None:
                  (note, *_exclusion_note(summary)))
 
 
+G_INTERVAL = "G 95 % interval"
+"""Column of G's 95 % interval within a trial (``G_intervals`` table)."""
+G_INTERP_INTERVAL = "G (interpolated) 95 % interval"
+"""Column of the interpolated G's 95 % interval within a trial."""
+SEEDS_ROW = "seeds"
+"""``seed`` cell of a configuration's spread row in the ``G_intervals`` table."""
+
+
+def interval_cell(lo: float | None, hi: float | None, hi_censored: bool, lo_censored: bool = False) -> str:
+    """``"[3.50, 4.25]"``; a censored bound with "≥" (``"[3.50, ≥ 8.00]"``); ``"–"`` when not logged."""
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return MISSING
+    return f"[{'≥ ' if lo_censored else ''}{lo:.2f}, {'≥ ' if hi_censored else ''}{hi:.2f}]"
+
+
+def interval_results(summary: Summary) -> Table | None:
+    """One row per trial with a logged interval (× stopping for halting trials): G and its 95 % interval, the
+    interpolated G and its 95 % interval; after each configuration's trials a row ``seed`` = "seeds": G and the
+    interpolated G as mean ± std (n) over its seeds, beside the mean width of their intervals ("width 0.50"). A
+    trial's G is recomputed from its curve (as in every table); its interval is the one it logged. ``None`` when no
+    trial logged an interval."""
+    iv = summary.intervals
+    if iv.is_empty():
+        return None
+    keys = [*GROUP, "stopping"]
+
+    def g_text(r: dict, column: str) -> str:
+        return MISSING if r[column] is None else f"{'≥ ' if r['censored'] else ''}{r[column]:.2f}"
+
+    rows = [{**{k: r[k] for k in keys}, "_row": 0, "_seed": r["seed"],
+             "seed": MISSING if r["seed"] is None else str(r["seed"]) + ("" if r["status"] == "FINISHED"
+                                                                         else f" ({r['status']})"),
+             "G": g_text(r, "G"),
+             G_INTERVAL: interval_cell(r["G_lo"], r["G_hi"], r["G_hi_censored"], r["G_lo_censored"]),
+             G_INTERP: g_text(r, "G_interp"),
+             G_INTERP_INTERVAL: interval_cell(r["G_interp_lo"], r["G_interp_hi"], r["G_hi_censored"],
+                                              r["G_lo_censored"])}
+            for r in iv.iter_rows(named=True)]
+    for r in summary.interval_spread.iter_rows(named=True):
+        def width(column: str) -> str:
+            w = r[column]
+            return MISSING if w is None else f"width {'≥ ' if r['any_hi_censored'] else ''}{w:.2f}"
+
+        rows.append({**{k: r[k] for k in keys}, "_row": 1, "_seed": None, "seed": SEEDS_ROW,
+                     "G": cell(r["G_mean"], r["G_std"], r["n"], digits=2, lower_bound=r["lower_bound"]),
+                     G_INTERVAL: width("G_width_mean"),
+                     G_INTERP: cell(r["G_interp_mean"], r["G_interp_std"], r["n"], digits=2,
+                                    lower_bound=r["lower_bound"]),
+                     G_INTERP_INTERVAL: width("G_interp_width_mean")})
+    frame = pl.from_dicts(rows, infer_schema_length=None).with_columns(_stopping_rank().alias("_stopping"))
+    frame = best_first(frame, summary, ["task", "recipe", "backbone"], then=("_stopping", "_row", "_seed"))
+    stoppings = (frame.get_column("stopping") != CEIL).any()
+    label_cols = _label_columns(frame, ["task", "recipe", "backbone", "config"]) + (["stopping"] if stoppings else [])
+    title = f"G within each trial, with its 95 % interval{_task_title(frame)}"
+    frame = _show_config(frame).select(*label_cols, "seed", "G", G_INTERVAL, G_INTERP, G_INTERP_INTERVAL)
+    notes = ["G and its 95 % interval within each trial: a bootstrap over the trial's test sequences (each depth's "
+             "per-sequence correctness resampled, d50 recomputed; eval.bootstrap_resamples), after adaptive "
+             "sampling added sequences at the depths around the midpoint (eval.bracket_*). G is the paper's first "
+             "crossing, the headline; " + G_NOTE,
+             f"Row '{SEEDS_ROW}': mean ± std (n) over the configuration's seeds, beside the mean width (hi − lo) "
+             "of their intervals: a seed spread much wider than the intervals is training variance, not test-set "
+             "sampling. ≥: past the largest test depth (a lower bound)."]
+    if stoppings:
+        notes.append(STOPPING_NOTE)
+    return Table("G_intervals", title, frame, (*notes, *_exclusion_note(summary)))
+
+
 def build_tables(summary: Summary) -> list[Table]:
-    """Every layout that the sweep's metrics support (halting and ablation only when logged)."""
-    tables = [main_results(summary), scale_results(summary), halting_results(summary), ablation_results(summary)]
+    """Every layout that the sweep's metrics support (halting, ablation and G intervals only when logged)."""
+    tables = [main_results(summary), scale_results(summary), halting_results(summary), ablation_results(summary),
+              interval_results(summary)]
     return [t for t in tables if t is not None]
 
 
@@ -460,7 +532,7 @@ def to_latex(table: Table) -> str:
 
 def _n_labels(table: Table) -> int:
     """Leading label (left-aligned) columns: the key columns before the first value column."""
-    keys = {"task", "backbone", "recipe", "config", "anchoring", "targets", "stopping", "rule", "test depth"}
+    keys = {"task", "backbone", "recipe", "config", "anchoring", "targets", "stopping", "rule", "test depth", "seed"}
     n = 0
     for c in table.frame.columns:
         if c not in keys:

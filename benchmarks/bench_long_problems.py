@@ -74,15 +74,29 @@ def measure(depth: int, grad_window: int, steps: int, backbone: str, batch: int)
     }
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """This benchmark's argument parser, built without running anything (grouped flags, one example)."""
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/bench_long_problems.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Time one training step on a long problem, with and without no-grad iterations before the window.",
+        epilog="Prints, per depth d = R and gradient window, the median step time and the profiler's CPU time\n"
+               "under the model's labels (prelude, no-grad core, grad core, readout).\n"
+               "\nexample:\n  python benchmarks/bench_long_problems.py --depths 8 16 32 --out long.json")
+    shape = ap.add_argument_group("the step")
+    shape.add_argument("--depths", type=int, nargs="+", default=[8, 16, 32], help="depths d = R (default 8 16 32)")
+    shape.add_argument("--window", type=int, default=8, help="the gradient window of the no-grad arm (default 8)")
+    shape.add_argument("--batch", type=int, default=64, help="sequences per step (default 64)")
+    shape.add_argument("--backbone", default="tiny-qwen3", help="backbone registry name (default tiny-qwen3)")
+    timing = ap.add_argument_group("timing and output")
+    timing.add_argument("--steps", type=int, default=5, help="timed steps per row (median)")
+    timing.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    timing.add_argument("--out", default=None, help="write the rows as JSON here")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--depths", type=int, nargs="+", default=[8, 16, 32])
-    ap.add_argument("--window", type=int, default=8, help="the gradient window of the no-grad arm (default 8)")
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per row (median)")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--backbone", default="tiny-qwen3")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    """Run the benchmark and print its rows; ``--out`` writes them as JSON."""
+    ap = build_parser()
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []

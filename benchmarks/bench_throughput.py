@@ -16,6 +16,15 @@ local-preset shape and the same shape widened to h = 256 and h = 512. For each s
 
 The depth is fixed (d = R = ``--depth``, all R iterations in the gradient window) so every step is the same work.
 
+``--recipe local``: instead of the shapes, the local sweeps' step — ``python sweeps/backbone_scaling.py``'s trial
+(the local preset with ``presets.LOCAL_LOOP_OPTIONS``, ``LOCAL_PROGRESS_OPTIONS`` and ``LOCAL_CURRICULUM``: dense
+targets with a pending class, the fixed-point loss, a given prefix, state noise, attention windows, every other window
+iteration read out) on ``--backbone`` at the curriculum's last depth d = ``--depth`` (16), built as the training loop
+builds it (``build_looped``, the trial's vocabulary, ``build_step_loss``). R keeps the recipe's slack draws
+(d + U{0..3}) and the given prefix its draws, so a step's work varies with its index; the same indices are timed
+before and after a change. FLOPs are then counted on every timed step and averaged; the ratios are that mean over the
+median step time.
+
 ``--compile``: the measured model's decoder layers are compiled (``train.compile``: ``prepare`` calls
 ``par_ray.train.strategies.compile_layers``, as the training loop does). Executed FLOPs are counted on the eager
 model first (``FlopCounterMode`` sees ATen calls, which compiled kernels no longer make; fusing elementwise ops does
@@ -27,11 +36,14 @@ Usage::
     python benchmarks/bench_throughput.py [--shapes tiny h256 h512] [--steps 20] [--threads 1] [--out tp.json]
     python benchmarks/bench_throughput.py --attn eager   # the eager-attention arm
     python benchmarks/bench_throughput.py --compile      # compiled decoder layers (train.compile)
+    python benchmarks/bench_throughput.py --recipe local --backbone tiny-qwen3 --depth 16 --compile --steps 30
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import statistics
 import sys
@@ -42,12 +54,18 @@ from dataclasses import dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from par_ray.config import RecipeConfig, TaskConfig, TrainConfig
+from par_ray.config import RecipeConfig, TaskConfig, TrainConfig, TrialConfig, from_flat
 from par_ray.model import backbones
-from par_ray.model.looped import LoopedLM
+from par_ray.model.looped import LoopedLM, build_looped
+from par_ray.presets import (LOCAL_BACKBONES, LOCAL_CURRICULUM, LOCAL_CURRICULUM_DEPTH, LOCAL_LOOP_OPTIONS,
+                             LOCAL_PROGRESS_OPTIONS, LOCAL_TRAIN_DEPTH, preset_trial)
 from par_ray.tasks import build_task
 from par_ray.train.step import build_step_loss, train_step
 from par_ray.train.strategies import World, prepare
+from par_ray.trial import resolve
+
+LOCAL_RECIPE = {**LOCAL_LOOP_OPTIONS, **LOCAL_PROGRESS_OPTIONS, **LOCAL_CURRICULUM}
+"""The local sweeps' recipe (``sweeps/backbone_scaling.py``'s ``LOCAL_RECIPE``) on the local preset."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +105,72 @@ def _step_fn(model: LoopedLM, shape: Shape, depth: int, compile: bool = False):
     recipe = RecipeConfig(grad_window=depth, max_iterations=depth)
     loss_fn = build_step_loss(recipe, task)
     return lambda i: train_step(engine, task, task_cfg, loss_fn, seed=0, step=i, global_batch=shape.batch)
+
+
+def local_trial(backbone: str, depth: int, compile: bool) -> TrialConfig:
+    """The local sweeps' trial on ``backbone`` (:data:`LOCAL_RECIPE`), every step at depth ``depth`` (no curriculum;
+    the recipe's slack iterations and given prefix drawn as in training), layers compiled iff ``compile``."""
+    cfg = from_flat(LOCAL_RECIPE, base=preset_trial("local", backbone))
+    return from_flat({"task.train_depth": depth, "task.min_train_depth": depth, "task.curriculum": (),
+                      "train.compile": compile}, base=cfg)
+
+
+def _local_step_fn(cfg: TrialConfig, attn: str | None, readout=None):
+    """A closure running training step i of ``cfg``'s model (built as the training loop builds it, seed 0, fresh
+    engine) and the model; ``attn``: the attention implementation (default: the config's); ``readout``: a
+    replacement ``LoopedLM.readout`` (the reference FLOP count's)."""
+    trial = resolve(cfg)
+    task = build_task(cfg.task, train=True)
+    backbone = cfg.backbone if attn is None else dataclasses.replace(cfg.backbone, attn_implementation=attn)
+    torch.manual_seed(0)
+    model = build_looped(backbone, cfg.recipe, vocab_size=trial.vocab.size)
+    if readout is not None:
+        model.readout = types.MethodType(readout, model)
+    engine = prepare(model, cfg.train, World())
+    loss_fn = build_step_loss(cfg.recipe, task, dense_offset=trial.vocab.dense_offset, op_order=cfg.task.op_order)
+    step = lambda i: train_step(engine, task, cfg.task, loss_fn, seed=cfg.train.seed, step=i,  # noqa: E731
+                                global_batch=cfg.train.batch_size)
+    return step, model
+
+
+def measure_local(backbone: str, depth: int, steps: int, warmup: int, attn: str | None, compile: bool) -> dict:
+    """:func:`measure` for the local sweeps' step (:func:`local_trial`): median step time over steps
+    ``warmup + 1 ..``; reference and executed FLOPs counted eagerly on each timed step and averaged."""
+    cfg = local_trial(backbone, depth, compile=False)
+    first = 1 + warmup + int(compile)
+    timed = range(first, first + steps)
+    reference, _ = _local_step_fn(cfg, "eager", _full_coda_readout)
+    reference_flops = statistics.mean(_count_flops(reference, i) for i in timed)
+    executed, _ = _local_step_fn(cfg, attn)
+    executed_flops = statistics.mean(_count_flops(executed, i) for i in timed)
+    step, model = _local_step_fn(local_trial(backbone, depth, compile), attn)
+    compile_step = 0.0
+    if compile:
+        t0 = time.perf_counter()
+        step(1)  # compiles, lazily, every layer variant the step uses
+        compile_step = time.perf_counter() - t0
+    for i in range(1 + int(compile), first):
+        step(i)
+    times, Rs, Ts = [], [], []
+    for i in timed:
+        t0 = time.perf_counter()
+        res = step(i)
+        times.append(time.perf_counter() - t0)
+        Rs.append(res.plan.R)
+        Ts.append(res.tokens / (cfg.train.batch_size * res.plan.R))
+    seconds = statistics.median(times)
+    B, T = cfg.train.batch_size, round(statistics.mean(Ts))
+    shape_peak = matmul_peak(B * T, model.config.hidden_size, 2 * model.config.hidden_size)
+    return {
+        "shape": f"local/{backbone}", "hidden": model.config.hidden_size, "batch": B, "seq_len": T,
+        "read_positions": None, "R": statistics.mean(Rs), "R_all": Rs, "depth": depth,
+        "attn_implementation": model.config._attn_implementation, "compile": compile,
+        "compile_seconds": max(0.0, compile_step - seconds) if compile else 0.0,
+        "reference_flops": reference_flops, "executed_flops": executed_flops,
+        "step_seconds": seconds, "step_seconds_all": times,
+        "achieved_flops_per_s": reference_flops / seconds, "executed_flops_per_s": executed_flops / seconds,
+        "shape_gemm_peak_flops_per_s": shape_peak, "ratio_shape_gemm": reference_flops / seconds / shape_peak,
+    }
 
 
 def _count_flops(step, i: int) -> int:
@@ -155,35 +239,62 @@ def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: 
     }
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """This benchmark's argument parser, built without running anything (grouped flags, one example)."""
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/bench_throughput.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Measure training-step throughput as a fraction of this machine's fp32 matmul peak, per shape.",
+        epilog="Prints the machine's peak, then per shape the step time, achieved GFLOP/s and their ratio.\n"
+               "\nexamples:\n  python benchmarks/bench_throughput.py --compile --out throughput.json\n"
+               "  python benchmarks/bench_throughput.py --recipe local --compile --steps 20")
+    step = ap.add_argument_group("the step")
+    step.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES), help="shapes to measure")
+    step.add_argument("--recipe", choices=["shapes", "local"], default="shapes",
+                      help="shapes: PAR at d = R on --shapes (default); local: the local sweeps' step on --backbone "
+                           "at d = --depth (module docstring)")
+    step.add_argument("--backbone", nargs="+", choices=LOCAL_BACKBONES, default=list(LOCAL_BACKBONES),
+                      help="with --recipe local: the backbones to measure")
+    step.add_argument("--depth", type=int, default=None,
+                      help="d of every step (and R, with the shapes); default: the local preset's d_train, 6, with the "
+                           "shapes, the local curriculum's last depth, 16, with --recipe local")
+    step.add_argument("--attn", choices=["eager", "sdpa"], default=None,
+                      help="attention implementation (default: the registry's)")
+    step.add_argument("--compile", action="store_true",
+                      help="compile the decoder layers (train.compile); compile time reported apart, not timed")
+    timing = ap.add_argument_group("timing and output")
+    timing.add_argument("--steps", type=int, default=20, help="timed steps per shape (the median is reported)")
+    timing.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
+    timing.add_argument("--threads", type=int, default=1, help="torch intra-op threads (peak and steps alike)")
+    timing.add_argument("--out", help="write the results as JSON to this path")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES), help="shapes to measure")
-    ap.add_argument("--depth", type=int, default=6, help="d = R of every step (the local preset's d_train)")
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per shape (the median is reported)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (peak and steps alike)")
-    ap.add_argument("--attn", choices=["eager", "sdpa"], default=None,
-                    help="attention implementation (default: the registry's)")
-    ap.add_argument("--compile", action="store_true",
-                    help="compile the decoder layers (train.compile); compile time reported apart, not timed")
-    ap.add_argument("--out", help="write the results as JSON to this path")
+    """Run the benchmark and print its table; ``--out`` writes it as JSON."""
+    ap = build_parser()
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     machine_peak = matmul_peak(2048, 2048, 2048)
     rows = []
     print(f"machine fp32 matmul peak (2048^3, {args.threads} thread(s)): {machine_peak / 1e9:.1f} GFLOP/s")
-    print(f"{'shape':<7}{'h':>5}{'B':>4}{'T':>4}{'R':>3} {'attn':<6}{'compile s':>10}{'ref GFLOP':>10}"
+    print(f"{'shape':<17}{'h':>5}{'B':>4}{'T':>4}{'R':>6} {'attn':<6}{'compile s':>10}{'ref GFLOP':>10}"
           f"{'exec GFLOP':>11}{'step ms':>9}{'GFLOP/s':>9}{'ratio':>7}{'gemm peak':>10}{'ratio/gemm':>11}"
           f"{'executed':>9}", flush=True)
-    for name in args.shapes:
-        r = measure(name, SHAPES[name], args.depth, args.steps, args.warmup, args.attn, args.compile)
+    if args.recipe == "shapes":
+        runs = [functools.partial(measure, name, SHAPES[name]) for name in args.shapes]
+    else:
+        runs = [functools.partial(measure_local, name) for name in args.backbone]
+    depth = args.depth or (LOCAL_CURRICULUM_DEPTH if args.recipe == "local" else LOCAL_TRAIN_DEPTH)
+    for run in runs:
+        r = run(depth, args.steps, args.warmup, args.attn, args.compile)
         r["machine_peak_flops_per_s"] = machine_peak
         r["ratio"] = r["achieved_flops_per_s"] / machine_peak
         r["ratio_executed"] = r["executed_flops_per_s"] / machine_peak
         rows.append(r)
         compiled = f"{r['compile_seconds']:.1f}" if args.compile else "-"
-        print(f"{name:<7}{r['hidden']:>5}{r['batch']:>4}{r['seq_len']:>4}{r['R']:>3} {r['attn_implementation']:<6}"
+        print(f"{r['shape']:<17}{r['hidden']:>5}{r['batch']:>4}{r['seq_len']:>4}{r['R']:>6.4g} "
+              f"{r['attn_implementation']:<6}"
               f"{compiled:>10}"
               f"{r['reference_flops'] / 1e9:>10.2f}{r['executed_flops'] / 1e9:>11.2f}{r['step_seconds'] * 1e3:>9.1f}"
               f"{r['achieved_flops_per_s'] / 1e9:>9.1f}{r['ratio']:>7.2f}"
@@ -191,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ratio_shape_gemm']:>11.2f}{r['ratio_executed']:>9.2f}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"threads": args.threads, "depth": args.depth, "compile": args.compile,
+            json.dump({"threads": args.threads, "depth": depth, "compile": args.compile, "recipe": args.recipe,
                        "torch": torch.__version__, "machine_peak_flops_per_s": machine_peak, "shapes": rows}, f,
                       indent=2)
     return 0

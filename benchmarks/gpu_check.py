@@ -564,15 +564,28 @@ def _refuse(path: str, doc: dict, error: str, status: int) -> int:
     return status
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The GPU check's argument parser, built without running anything (grouped flags, one example)."""
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/gpu_check.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Measure on one GPU what a paper-preset plan rests on (peak, MFU, memory); write one JSON file.",
+        epilog="Usually run through benchmarks/gpu_check.sh, which adds the hard time limit.\n"
+               "\nexample (CPU, tiny shapes):\n  python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check.json")
+    run = ap.add_argument_group("the run")
+    run.add_argument("--dry-run", action="store_true",
+                     help="CPU, tiny shapes, float32; refused where CUDA is available (a GPU run needs CUDA)")
+    run.add_argument("--budget-s", type=float, default=None,
+                     help="global time budget in seconds (default 380 on a GPU, 240 dry); a section that would start "
+                          "past it is skipped, and the run fails")
+    run.add_argument("--skip", nargs="*", default=[], choices=SECTIONS, help="sections to leave out")
+    out = ap.add_argument_group("output")
+    out.add_argument("--out", required=True, help="JSON file to write (rewritten after every section)")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="JSON file to write (rewritten after every section)")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="CPU, tiny shapes, float32; refused where CUDA is available (a GPU run needs CUDA)")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="global time budget in seconds (default 380 on a GPU, 240 dry); a section that would start "
-                         "past it is skipped, and the run fails")
-    ap.add_argument("--skip", nargs="*", default=[], choices=SECTIONS, help="sections to leave out")
+    """Run the GPU check's sections and write ``--out``; the exit status says whether every section passed."""
+    ap = build_parser()
     args = ap.parse_args(argv)
 
     plan = DRY_PLAN if args.dry_run else GPU_PLAN

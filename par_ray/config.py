@@ -292,6 +292,16 @@ class EvalConfig:
     """The paper's RLT row, "best R per depth": read out each test depth at every R_m = round(m · ⌈d/c⌉) for m in
     ``par_ray.evaluation.BEST_R_MULTIPLES`` (one forward to the largest) and report the best R_m's accuracy as
     ``acc_d{D}``, with ``best_R_d{D}`` (the ``rlt`` recipe sets it)."""
+    bracket_max_sequences: int = 0
+    """Adaptive sampling's cap: the sequences a depth bracketing the midpoint crossing may reach, first pass included
+    (``par_ray.evaluation.next_bracket_depth``); 0 = off."""
+    bracket_min_sequences: int = 0
+    """Sequences each bracketing depth gets even where its 95 % interval already excludes the midpoint; 0 = none."""
+    bracket_block: int = 128
+    """Sequences per added block; block j >= 1 at depth d is ``task.sample(d, bracket_block, eval.seed, step=j)``."""
+    bootstrap_resamples: int = 1000
+    """Bootstrap resamples of the 95 % intervals of d50 and G (``par_ray.evaluation.extrapolation_interval``); 0 =
+    none."""
 
     def coarse_depths(self) -> tuple[int, ...]:
         """The test depths that are ``depths[0]`` × 2^k (a fine grid's d_train × 1, 2, 4, 8 …; every depth of a
@@ -547,6 +557,15 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     at_least("eval.num_sequences_fine", 0, " (0 = eval.num_sequences)")
     at_least("eval.batch_size", 1)
     seed("eval.seed")
+    at_least("eval.bracket_max_sequences", 0, " (0 = no adaptive sampling)")
+    at_least("eval.bracket_min_sequences", 0, " (0 = no minimum)")
+    check("eval.bracket_min_sequences eval.bracket_max_sequences",
+          lambda: ev.bracket_min_sequences <= ev.bracket_max_sequences,
+          lambda: f"must be <= eval.bracket_max_sequences={ev.bracket_max_sequences} (the cap; 0 turns adaptive "
+                  f"sampling off), got {ev.bracket_min_sequences}")
+    at_least("eval.bracket_block", 1)
+    check("eval.bootstrap_resamples", lambda: ev.bootstrap_resamples == 0 or ev.bootstrap_resamples >= 100,
+          lambda: f"must be 0 (no interval) or >= 100, got {ev.bootstrap_resamples}")
     one_of("backbone.attn_implementation", ATTN_IMPLEMENTATIONS)
     at_least("backbone.attention_window", 0, " (0 = full causal attention)")
     at_least("backbone.coda_window", 0, " (0 = full causal attention)")

@@ -34,7 +34,9 @@ trace (``par_ray.cot``). Per step, the FLOPs are the expectation over the step's
 own recipe and steps.
 
 Evaluation (``par_ray.train.loop.eval_metrics``), at every ``eval_every`` steps and at the end: every test depth's
-``num_sequences`` sequences with R = ⌈d/c⌉ (or ``fixed_iterations``), one readout; a halting stage also runs
+``num_sequences`` sequences with R = ⌈d/c⌉ (or ``fixed_iterations``), one readout, plus the blocks adaptive sampling
+adds near the crossing (``eval.bracket_*``), planned at their worst case (:func:`bracket_worst_case`: 2 × the cap,
+at the costliest depths; a real evaluation adds less); a halting stage also runs
 R_max = ``evaluation.halt_max_iterations`` iterations read out at every one of them; the probe reads all
 ⌈d_train/c⌉ iterations of min(num_sequences, batch) sequences; chain-of-thought decodes greedily with a KV cache
 (prefill, then L(d) − 1 one-token steps against a growing cache; the prefill's lm_head runs at every prompt token).
@@ -229,23 +231,51 @@ def step_flops(cfg: TrialConfig, rc: RecipeConfig, shape: ModelShape, depth: int
     return per_seq * cfg.train.batch_size
 
 
-def eval_flops(cfg: TrialConfig, rc: RecipeConfig, shape: ModelShape, world: int = 1) -> float:
+def bracket_worst_case(eval_cfg, per_sequence: typing.Mapping[int, float]) -> dict[int, int]:
+    """Sequences that adaptive sampling near the crossing (``eval.bracket_*``, ``par_ray.evaluation
+    .next_bracket_depth``) adds at each test depth in the costliest evaluation it allows: blocks of
+    ``bracket_block``, a depth's first pass plus its blocks at most ``bracket_max_sequences``, at most 2 ×
+    ``bracket_max_sequences`` added in all (so ⌊2 · cap / block⌋ blocks), given to the depths whose sequences cost
+    most (``per_sequence``: d → FLOPs of one test sequence) first. Where the crossing falls is unknown before the run:
+    this bound holds wherever it falls and however often it moves. Empty when adaptive sampling is off."""
+    cap, block = eval_cfg.bracket_max_sequences, eval_cfg.bracket_block
+    if not cap:
+        return {}
+    budget, out = 2 * cap // block, {}
+    for d in sorted(eval_cfg.depths, key=lambda d: (-per_sequence[d], -d)):
+        take = min(budget, max(0, (cap - eval_cfg.sequences_at(d)) // block))
+        if take:
+            out[d] = take * block
+            budget -= take
+    return out
+
+
+def eval_flops(cfg: TrialConfig, rc: RecipeConfig, shape: ModelShape, world: int = 1,
+               added: typing.Mapping[int, int] | None = None) -> float:
     """FLOPs of one evaluation (``train.loop.eval_metrics``) under stage recipe ``rc``: accuracy by depth (or CoT
-    decoding), halting evaluation when ``rc.halting``, the per-iteration probe."""
+    decoding), halting evaluation when ``rc.halting``, the per-iteration probe.
+
+    ``added``: test depth → sequences adaptive sampling added there (a run's ``sequences_d{D}`` minus
+    ``eval.sequences_at(d)``): the FLOPs of that evaluation; ``None`` (the plan): the worst case,
+    :func:`bracket_worst_case` (first pass + the cap's worth at the costliest depths)."""
     from par_ray.cot import trace_length
     from par_ray.evaluation import halt_max_iterations
 
     ev, c = cfg.eval, rc.ops_per_iteration
     conv = cfg.backbone.position_scheme == "conv"
+    per_sequence = {}  # d -> FLOPs of one test sequence of the accuracy (or CoT) pass
+    for d in ev.depths:
+        T, Q = _eval_lengths(cfg.task, d)
+        if cfg.recipe.cot:
+            per_sequence[d] = decode_flops(shape, T, trace_length(d, Q))
+        else:
+            per_sequence[d] = forward_flops(shape, T, Q, iterations_at(d, c, rc.fixed_iterations), 1, conv)
+    added = bracket_worst_case(ev, per_sequence) if added is None else added
     total = 0.0
     for d in ev.depths:
         T, Q = _eval_lengths(cfg.task, d)
         n = ev.sequences_at(d)  # eval.num_sequences, or eval.num_sequences_fine between a fine grid's 2^k depths
-        if cfg.recipe.cot:
-            total += n * decode_flops(shape, T, trace_length(d, Q))
-        else:
-            R = iterations_at(d, c, rc.fixed_iterations)
-            total += n * forward_flops(shape, T, Q, R, 1, conv)
+        total += (n + added.get(d, 0)) * per_sequence[d]  # halting and the probe read the first pass only
         if rc.halting:
             R_max = halt_max_iterations(ev, c)
             pending = int(cfg.recipe.dense_targets and cfg.recipe.dense_pending)

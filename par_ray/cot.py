@@ -193,9 +193,13 @@ def cot_accuracy_by_depth(model_fn, task: Task, eval_cfg, tokens: CotTokens, dev
     base task's prompts), split over ranks the same way; each row decodes at most L(d) = :func:`trace_length` tokens.
     ``progress``: called after every test batch (:func:`par_ray.evaluation.sum_over_test_sets`).
 
+    With ``eval.bracket_max_sequences`` > 0, more sequences are drawn near the crossing of the ``acc`` curve after
+    the first pass (adaptive sampling, :func:`par_ray.evaluation.sum_over_test_sets`).
+
     Returns:
         ``{d: {"acc": final state right (all Q queries), "acc_query": per-query accuracy of the final block (0 for a
-        row without one), "tokens": mean generated tokens per sequence}}``.
+        row without one), "tokens": mean generated tokens per sequence, "right": sequences fully right, "n":
+        sequences}}``.
     """
     def counts(depth: int, ep: Episode, ids_BT: torch.Tensor, answers_BQ: torch.Tensor) -> torch.Tensor:
         Q = ep.read_positions.numel()
@@ -213,8 +217,9 @@ def cot_accuracy_by_depth(model_fn, task: Task, eval_cfg, tokens: CotTokens, dev
 
     results: dict[int, dict[str, float]] = {}
     for depth, (c_4,) in sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum,
-                                            progress=progress).items():
+                                            progress=progress,
+                                            score=lambda c: (c[0][0].item(), c[0][3].item())).items():
         n = c_4[3].clamp_min(1)
         results[depth] = {"acc": (c_4[0] / n).item(), "acc_query": (c_4[1] / n).item(),
-                          "tokens": (c_4[2] / n).item()}
+                          "tokens": (c_4[2] / n).item(), "right": c_4[0].item(), "n": c_4[3].item()}
     return results

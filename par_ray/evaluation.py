@@ -18,6 +18,16 @@ crosses it, so a curve that falls just past a test depth and one that falls just
 (d_b = d50, d_a the test depth before it). Each test depth's accuracy also gets its 95 % Wilson score interval
 (:func:`wilson_interval`), the uncertainty of a curve point from n test sequences.
 
+How sure a G is (par_ray additions, issue 37): the evaluation spends extra sequences where G is decided. After the
+first pass over the test depths, blocks of ``eval.bracket_block`` fresh sequences are added at the depths that
+bracket the midpoint crossing (:func:`bracketing_depths`: d_a and d_b above) until each one's Wilson interval
+excludes the midpoint, it has ``eval.bracket_min_sequences``, or it reached the cap ``eval.bracket_max_sequences``;
+the crossing is found again after every block, so the bracket follows it when more data moves it
+(:func:`next_bracket_depth`, run by :func:`sum_over_test_sets`). Then a bootstrap over test sequences
+(:func:`extrapolation_interval`: each depth's per-sequence correctness resampled, d50 and d50_interp recomputed)
+gives 95 % intervals of d50, G and the interpolated G (``G_lo``, ``G_hi``, ``G_interp_lo``, ``G_interp_hi``).
+The first-crossing G stays the headline; the interval says how far sampling noise could move it.
+
 Trials with a halting read-out are also evaluated with the model's own stopping and with the oracle best fixed R per
 depth (:func:`halting_by_depth`, one pass of R_max iterations); :func:`stopping_extrapolation` gives d50 and G of
 those curves (``G_halt``, ``G_best``: :func:`extrapolation_metrics`), ``G`` staying R = ⌈d/c⌉'s.
@@ -27,15 +37,52 @@ Tensor suffixes: B batch, Q queries, V vocabulary, R iterations.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from par_ray.schedules import iterations_at
 from par_ray.tracking_schema import depth_metric, g_metric, iteration_metric
+
+
+@dataclass(frozen=True)
+class ExtrapolationInterval:
+    """The bootstrap intervals of one curve's d50, G and interpolated G (:func:`extrapolation_interval`).
+
+    A bound is *censored* when more than (1 − level) / 2 of the resamples never fell below the midpoint: it lies past
+    the largest tested depth, its d50 bound is ``None`` and its G bound reads max tested depth / d_train, a lower
+    bound (shown "≥"). A censored lower bound implies a censored upper bound.
+    """
+
+    level: float
+    """The interval's coverage, 0.95."""
+    resamples: int
+    """Bootstrap resamples (0 when read back from logged metrics, :func:`extrapolation_from_metrics`)."""
+    d50_lo: float | None
+    """Lower bound of the first-crossing d50 (a test depth); ``None`` when censored."""
+    d50_hi: float | None
+    """Upper bound of the first-crossing d50; ``None`` when censored."""
+    d50_interp_lo: float | None
+    """Lower bound of the interpolated d50; ``None`` when censored."""
+    d50_interp_hi: float | None
+    """Upper bound of the interpolated d50; ``None`` when censored."""
+    G_lo: float
+    """d50_lo / d_train (max tested depth / d_train when censored)."""
+    G_hi: float
+    """d50_hi / d_train (max tested depth / d_train when censored)."""
+    G_interp_lo: float
+    """d50_interp_lo / d_train (max tested depth / d_train when censored)."""
+    G_interp_hi: float
+    """d50_interp_hi / d_train (max tested depth / d_train when censored)."""
+    lo_censored: bool
+    """The lower bounds lie past the largest tested depth."""
+    hi_censored: bool
+    """The upper bounds lie past the largest tested depth."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +102,9 @@ class Extrapolation:
     midpoint or d50's accuracy is NaN (nothing to interpolate from); ``None`` when censored."""
     G_interp: float | None = None
     """d50_interp / d_train; when censored, G (the same lower bound)."""
+    interval: ExtrapolationInterval | None = None
+    """95 % bootstrap intervals of d50, G and the interpolated G (:func:`extrapolation_from_counts`); ``None`` when
+    not measured."""
 
 
 def extrapolation(accuracy_by_depth: Mapping[int, float], chance: float, train_depth: int) -> Extrapolation:
@@ -92,6 +142,100 @@ def format_G(ex: Extrapolation, interpolated: bool = False) -> str:
     """``"4.00"`` or ``"≥ 8.00"`` for a censored G; ``interpolated``: the same for ``G_interp``."""
     G = ex.G_interp if interpolated and ex.G_interp is not None else ex.G
     return f"≥ {G:.2f}" if ex.censored else f"{G:.2f}"
+
+
+def format_interval(ex: Extrapolation, interpolated: bool = False) -> str:
+    """The 95 % interval of G (``interpolated``: of the interpolated G) as ``"[3.50, 4.25]"``, a censored bound with
+    "≥" (``"[3.50, ≥ 8.00]"``); ``""`` when ``ex`` has no interval."""
+    iv = ex.interval
+    if iv is None:
+        return ""
+    lo, hi = (iv.G_interp_lo, iv.G_interp_hi) if interpolated else (iv.G_lo, iv.G_hi)
+    return f"[{'≥ ' if iv.lo_censored else ''}{lo:.2f}, {'≥ ' if iv.hi_censored else ''}{hi:.2f}]"
+
+
+BOOTSTRAP_STREAM = 37
+"""Second key of the bootstrap's ``SeedSequence([seed, BOOTSTRAP_STREAM])``: a stream no task sampler uses
+(``par_ray.tasks.common.make_rng`` keys four numbers)."""
+
+
+def extrapolation_interval(counts: Mapping[int, tuple[float, float]], chance: float, train_depth: int,
+                           resamples: int = 1000, seed: int = 0, level: float = 0.95) -> ExtrapolationInterval:
+    """Percentile-bootstrap intervals of the first-crossing d50, the interpolated d50 and their G (issue 37).
+
+    A resample redraws each test depth's sequences with replacement, independently per depth; for 0/1 correctness
+    that is right'_d ~ Binomial(n_d, right_d / n_d), which is how it is drawn. Each resample's curve gives d50 and
+    d50_interp by the rule of :func:`extrapolation` (a resample that never falls below the midpoint: +∞, censored);
+    the bounds are the (1 − level)/2 and (1 + level)/2 quantiles of the resamples (inverted CDF: an order statistic,
+    so a discrete d50 keeps grid values). Reproducible: the generator is ``SeedSequence([seed, BOOTSTRAP_STREAM])``.
+
+    Args:
+        counts: test depth -> (sequences fully right, sequences), over every test sequence of that depth.
+        chance, train_depth: as in :func:`extrapolation`.
+        resamples: bootstrap resamples, >= 1.
+        seed: a non-negative int (``eval.seed``).
+        level: coverage in (0, 1).
+    Raises:
+        ValueError: no depth, a depth with n < 1 or right outside [0, n], resamples < 1, level outside (0, 1), or
+            :func:`extrapolation`'s errors.
+    """
+    if not counts:
+        raise ValueError("counts: empty; need at least one test depth")
+    bad = [d for d, (right, n) in counts.items() if not (n >= 1 and 0 <= right <= n)]
+    if bad:
+        raise ValueError(f"counts: depths {sorted(bad)} need sequences n >= 1 and right in [0, n], got "
+                         f"{[counts[d] for d in sorted(bad)]}")
+    if resamples < 1:
+        raise ValueError(f"resamples: must be >= 1, got {resamples}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level: must be in (0, 1), got {level}")
+    extrapolation({d: right / n for d, (right, n) in counts.items()}, chance, train_depth)  # its argument checks
+    midpoint = (chance + 1.0) / 2.0
+    depths = sorted(counts)
+    d_D = np.array(depths, dtype=np.float64)
+    n_D = np.array([round(counts[d][1]) for d in depths], dtype=np.int64)
+    p_D = np.array([counts[d][0] for d in depths], dtype=np.float64) / n_D
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), BOOTSTRAP_STREAM]))
+    acc_BD = rng.binomial(n_D, p_D, size=(resamples, len(depths))) / n_D
+    below_BD = acc_BD < midpoint
+    crossed_B = below_BD.any(axis=1)
+    i_B = below_BD.argmax(axis=1)  # the first depth below the midpoint (0 where none: masked by crossed_B)
+    a_B = np.maximum(i_B - 1, 0)  # the depth before it
+    rows = np.arange(resamples)
+    acc_a, acc_b = acc_BD[rows, a_B], acc_BD[rows, i_B]
+    step_B = np.divide(acc_a - midpoint, acc_a - acc_b, out=np.zeros(resamples), where=i_B > 0)
+    d50_B = np.where(crossed_B, d_D[i_B], np.inf)
+    interp_B = np.where(crossed_B, d_D[a_B] + step_B * (d_D[i_B] - d_D[a_B]), np.inf)
+    q = [(1.0 - level) / 2.0, (1.0 + level) / 2.0]
+    (lo, hi), (ilo, ihi) = (np.quantile(x, q, method="inverted_cdf") for x in (d50_B, interp_B))
+    top = float(d_D[-1])
+
+    def finite(x: float) -> float | None:
+        return float(x) if math.isfinite(x) else None
+
+    def G(x: float) -> float:
+        return (float(x) if math.isfinite(x) else top) / train_depth
+
+    return ExtrapolationInterval(level=level, resamples=resamples, d50_lo=finite(lo), d50_hi=finite(hi),
+                                 d50_interp_lo=finite(ilo), d50_interp_hi=finite(ihi), G_lo=G(lo), G_hi=G(hi),
+                                 G_interp_lo=G(ilo), G_interp_hi=G(ihi), lo_censored=not math.isfinite(lo),
+                                 hi_censored=not math.isfinite(hi))
+
+
+def extrapolation_from_counts(counts: Mapping[int, tuple[float, float]], chance: float, train_depth: int,
+                              resamples: int = 0, seed: int = 0) -> Extrapolation:
+    """:func:`extrapolation` of the accuracies right / n, with :func:`extrapolation_interval`'s 95 % intervals when
+    ``resamples`` > 0 (``eval.bootstrap_resamples``; ``seed``: ``eval.seed``).
+
+    Args:
+        counts: test depth -> (sequences fully right, sequences).
+    Raises:
+        ValueError: as :func:`extrapolation` and :func:`extrapolation_interval`.
+    """
+    ex = extrapolation({d: right / n if n else math.nan for d, (right, n) in counts.items()}, chance, train_depth)
+    if resamples:
+        ex = dataclasses.replace(ex, interval=extrapolation_interval(counts, chance, train_depth, resamples, seed))
+    return ex
 
 
 WILSON_Z = 1.959963984540054
@@ -146,7 +290,10 @@ class EvalProgress:
         evaluation (accuracy): d=256 batch 3/8, depth 5/6, 2m10s elapsed, ETA ~4m05s
 
     The ETA takes a test set's cost ∝ n(d) × d × R(d) (sequences × tokens × iterations; ``R(d)`` as the evaluation
-    reads out) and the time per unit of that cost measured so far.
+    reads out) and the time per unit of that cost measured so far. A block added near the crossing (adaptive
+    sampling) is reported with its sequences as a fourth argument, ``(depth, batches done, batches, sequences)``: its
+    cost joins the total when its first batch is done (the ETA counts only the work known so far) and the line says
+    ``+n near the crossing``.
 
     Args:
         say: prints one line (the worker's rank-0 printer).
@@ -164,20 +311,25 @@ class EvalProgress:
                  sequences: Callable[[int], int] = lambda d: 1):
         self.say, self.what, self.every_s, self.clock = say, what, every_s, clock
         self.depths = list(depths)
+        self.iterations = iterations
         self.cost = {d: sequences(d) * d * max(1, iterations(d)) for d in self.depths}
         self.total = sum(self.cost.values())
         self.t0 = self.last = clock()
         self.done = 0.0  # cost units finished
 
-    def __call__(self, depth: int, batches_done: int, batches: int) -> None:
-        self.done += self.cost[depth] / max(1, batches)
+    def __call__(self, depth: int, batches_done: int, batches: int, added: int = 0) -> None:
+        cost = added * depth * max(1, self.iterations(depth)) if added else self.cost[depth]
+        if added and batches_done == 1:
+            self.total += cost
+        self.done += cost / max(1, batches)
         now = self.clock()
         if now - self.last < self.every_s:
             return
         self.last = now
         elapsed = now - self.t0
         eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
-        self.say(f"evaluation ({self.what}): d={depth} batch {batches_done}/{batches}, depth "
+        where = f" +{added} near the crossing" if added else ""
+        self.say(f"evaluation ({self.what}): d={depth}{where} batch {batches_done}/{batches}, depth "
                  f"{self.depths.index(depth) + 1}/{len(self.depths)}, {_minutes(elapsed)} elapsed, "
                  f"ETA ~{_minutes(eta)}")
 
@@ -191,11 +343,13 @@ def _minutes(seconds: float) -> str:
 
 def sum_over_test_sets(task, eval_cfg, chunk_counts: Callable, device: torch.device, rank: int = 0, world_size: int = 1,
                     reduce_sum=lambda t: t, prepare: Callable | None = None,
-                    progress: Callable[[int, int, int], None] | None = None) -> dict[int, tuple[torch.Tensor, ...]]:
+                    progress: Callable[..., None] | None = None,
+                    score: Callable[[tuple[torch.Tensor, ...]], tuple[float, float]] | None = None,
+                    ) -> dict[int, tuple[torch.Tensor, ...]]:
     """The rank-split batch loop every evaluation runs (accuracy by depth, halting, CoT): counts summed over test
     batches and ranks, at each test depth.
 
-    For each d in ``eval_cfg.depths`` the test set is ``task.sample(d, n, eval.seed, step=0)``, n =
+    First pass: for each d in ``eval_cfg.depths`` the test set is ``task.sample(d, n, eval.seed, step=0)``, n =
     ``eval_cfg.sequences_at(d)`` (``eval.num_sequences``, or ``eval.num_sequences_fine`` at a fine grid's in-between
     depths), passed through ``prepare(ep)`` when given (e.g. appending the halting query); this rank evaluates its rows
     ``rank::world_size`` in :func:`rank_chunks` of ``eval.batch_size``, calling ``chunk_counts(d, ep, ids_BT,
@@ -204,26 +358,92 @@ def sum_over_test_sets(task, eval_cfg, chunk_counts: Callable, device: torch.dev
     ``reduce_sum`` (one collective per tensor per depth, the same on every rank). ``progress(d, batches done,
     batches)`` is called after every batch (e.g. :class:`EvalProgress`).
 
+    Adaptive sampling near the crossing (with ``score`` and ``eval.bracket_max_sequences`` > 0): ``score(counts of
+    a depth)`` → (sequences fully right, sequences) of the curve whose crossing is sought, midpoint
+    (``task.full_state_chance`` + 1) / 2. While :func:`next_bracket_depth` names a depth, its next block j = 1, 2, …
+    (``task.sample(d, eval.bracket_block, eval.seed, step=j)``: a pure function of (task, depth, seed, j), a stream
+    of its own beside the first pass's step 0, the training streams' ``train.seed`` and the probe's ``eval.seed + 1``)
+    is evaluated the same way and added to that depth's counts (``progress(d, batches done, batches, block)``). Every
+    rank takes the same decisions: they read counts already reduced over ranks.
+
     Returns:
-        ``{d: (summed counts, one tensor per tensor chunk_counts returns)}``.
+        ``{d: (summed counts, one tensor per tensor chunk_counts returns)}``, over the first pass and every block.
     """
-    results: dict[int, tuple[torch.Tensor, ...]] = {}
-    for depth in eval_cfg.depths:
-        n = eval_cfg.sequences_at(depth)
-        ep = task.sample(depth, n, seed=eval_cfg.seed, step=0)
+    def evaluate(depth: int, n: int, step: int, added: int = 0) -> tuple[torch.Tensor, ...]:
+        ep = task.sample(depth, n, seed=eval_cfg.seed, step=step)
         if prepare is not None:
             ep = prepare(ep)
         totals: list[torch.Tensor] | None = None
-        chunks = list(rank_chunks(n, eval_cfg.batch_size, rank, world_size, ep.input_ids,
-                                  ep.states[:, -1]))
+        chunks = list(rank_chunks(n, eval_cfg.batch_size, rank, world_size, ep.input_ids, ep.states[:, -1]))
         for i, (ids_BT, answers_BQ) in enumerate(chunks, start=1):
             got = chunk_counts(depth, ep, ids_BT.to(device), answers_BQ.to(device))
             got = (got,) if isinstance(got, torch.Tensor) else tuple(got)
             totals = list(got) if totals is None else [t + g for t, g in zip(totals, got)]
             if progress is not None:
-                progress(depth, i, len(chunks))
-        results[depth] = tuple(reduce_sum(t) for t in totals)
+                progress(depth, i, len(chunks), *((added,) if added else ()))
+        return tuple(reduce_sum(t) for t in totals)
+
+    results = {depth: evaluate(depth, eval_cfg.sequences_at(depth), 0) for depth in eval_cfg.depths}
+    if score is None or not eval_cfg.bracket_max_sequences:
+        return results
+    midpoint = (task.full_state_chance + 1.0) / 2.0
+    blocks = dict.fromkeys(results, 0)
+    while (depth := next_bracket_depth({d: score(c) for d, c in results.items()}, midpoint, eval_cfg,
+                                       eval_cfg.bracket_block * sum(blocks.values()))) is not None:
+        blocks[depth] += 1
+        more = evaluate(depth, eval_cfg.bracket_block, blocks[depth], eval_cfg.bracket_block)
+        results[depth] = tuple(a + b for a, b in zip(results[depth], more))
     return results
+
+
+def bracketing_depths(counts: Mapping[int, tuple[float, float]], midpoint: float) -> tuple[int, ...]:
+    """The test depths that bracket the midpoint crossing of a curve (right / n at each depth), by the rule of
+    :func:`extrapolation`: the last depth at or above the midpoint and the first depth below it (d_a, d_b = d50);
+    only d_b when the first depth is already below; only the largest depth when the curve never falls below
+    (censored: more sequences there tell whether it truly stays above).
+
+    Args:
+        counts: test depth -> (sequences fully right, sequences); depths need not be sorted.
+        midpoint: (chance + 1) / 2.
+    Returns:
+        One or two depths, increasing.
+    """
+    depths = sorted(counts)
+    for i, d in enumerate(depths):
+        right, n = counts[d]
+        if not n or right / n < midpoint:
+            return tuple(depths[max(0, i - 1): i + 1])
+    return (depths[-1],)
+
+
+def next_bracket_depth(counts: Mapping[int, tuple[float, float]], midpoint: float, eval_cfg,
+                       added: int) -> int | None:
+    """The depth that gets the next block of adaptive sampling (:func:`sum_over_test_sets`), or ``None``: stop.
+
+    Among :func:`bracketing_depths` of the curve so far, a depth with n sequences wants a block while n +
+    ``eval.bracket_block`` <= ``eval.bracket_max_sequences`` (the cap) and either n < ``eval.bracket_min_sequences``
+    or its 95 % Wilson interval (:func:`wilson_interval`) holds the midpoint; the one with the fewest sequences goes
+    first (ties: the shallower). Nothing is added once another block would take the sequences added this evaluation
+    past 2 × the cap (the bracket moved more than once), and nothing when the cap is 0.
+
+    Args:
+        counts: test depth -> (sequences fully right, sequences), the first pass and the blocks so far.
+        midpoint: (chance + 1) / 2.
+        eval_cfg: ``EvalConfig`` (bracket_max_sequences, bracket_min_sequences, bracket_block).
+        added: sequences added so far in this evaluation.
+    """
+    cap, block = eval_cfg.bracket_max_sequences, eval_cfg.bracket_block
+    if not cap or added + block > 2 * cap:
+        return None
+    wants = []
+    for d in bracketing_depths(counts, midpoint):
+        right, n = counts[d]
+        if n + block > cap:
+            continue
+        lo, hi = wilson_interval(right / n, round(n)) if n else (0.0, 1.0)
+        if n < eval_cfg.bracket_min_sequences or lo <= midpoint <= hi:
+            wants.append((n, d))
+    return min(wants)[1] if wants else None
 
 
 BEST_R_MULTIPLES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -252,19 +472,25 @@ def accuracy_by_depth(
     to the largest of R_m = max(1, round(m · ceil(d / c))) reads out every R_m, and each depth reports the R_m with
     the best full-state accuracy (ties: the smallest R).
 
+    With ``eval.bracket_max_sequences`` > 0, more sequences are drawn at the depths that bracket the crossing of the
+    full-state curve (the best R's with ``r_multiples``) after the first pass (:func:`sum_over_test_sets`), so ``n``
+    differs between depths.
+
     Args:
         model_fn: ``(input_ids_BT, read_positions_Q, R, grad_window, stretch, read) -> LoopedOutput`` — the
             (possibly wrapped) model's forward; every rank must call it the same number of times (FSDP).
-        task: a :class:`par_ray.tasks.Task`; test sets are ``task.sample(d, n, eval_cfg.seed, step=0)``.
-        eval_cfg: ``EvalConfig`` (depths, num_sequences[_fine], batch_size, seed).
+        task: a :class:`par_ray.tasks.Task`; test sets are ``task.sample(d, n, eval_cfg.seed, step=0)`` (and the
+            blocks of :func:`sum_over_test_sets`); its ``full_state_chance`` sets the midpoint.
+        eval_cfg: ``EvalConfig`` (depths, num_sequences[_fine], batch_size, seed, bracket_*).
         rank, world_size: rows ``rank::world_size`` of each test set are evaluated here.
         reduce_sum: sums a tensor over ranks (identity on one rank).
         fixed_iterations: > 0: R = this at every depth (``recipe.fixed_iterations``, the fixed-R baselines).
         progress: called after every test batch (:func:`sum_over_test_sets`).
     Returns:
-        ``{d: {"acc": full-state accuracy, "acc_query": per-query accuracy}}``, fractions in [0, 1]; with
-        ``r_multiples`` also ``"R"`` (the best R) and ``"acc_by_R"`` (``{R_m: full-state accuracy}``), ``acc`` and
-        ``acc_query`` then being those of the best R.
+        ``{d: {"acc": full-state accuracy, "acc_query": per-query accuracy, "right": sequences fully right, "n":
+        sequences}}``, fractions in [0, 1] and counts (floats); with ``r_multiples`` also ``"R"`` (the best R) and
+        ``"acc_by_R"`` (``{R_m: full-state accuracy}``), ``acc``, ``acc_query`` and ``right`` then being those of
+        the best R.
     """
     def Rs(depth: int) -> tuple[int, ...]:
         R = iterations_at(depth, ops_per_iteration, fixed_iterations)
@@ -279,13 +505,23 @@ def accuracy_by_depth(
         n_K = torch.full((len(reads),), ids_BT.shape[0], device=device)
         return torch.stack([right_KBQ.all(-1).sum(-1), right_KBQ.float().mean(-1).sum(-1), n_K], dim=-1).double()
 
+    def best_read(c_K3: torch.Tensor) -> int:
+        """The read with the best full-state accuracy, then the smallest R (one read without ``r_multiples``)."""
+        acc_K = (c_K3[:, 0] / c_K3[:, 2].clamp_min(1)).tolist()
+        return max(range(len(acc_K)), key=lambda i: (acc_K[i], -i))
+
+    def score(c: tuple[torch.Tensor]) -> tuple[float, float]:
+        k = best_read(c[0])
+        return c[0][k, 0].item(), c[0][k, 2].item()
+
     results: dict[int, dict[str, float]] = {}
     for depth, (c_K3,) in sum_over_test_sets(task, eval_cfg, counts, device, rank, world_size, reduce_sum,
-                                             progress=progress).items():
+                                             progress=progress, score=score).items():
         n_K = c_K3[:, 2].clamp_min(1)
         acc_K = (c_K3[:, 0] / n_K).tolist()
-        best = max(range(len(acc_K)), key=lambda i: (acc_K[i], -i))  # the best accuracy, then the smallest R
-        results[depth] = {"acc": acc_K[best], "acc_query": (c_K3[best, 1] / n_K[best]).item()}
+        best = best_read(c_K3)
+        results[depth] = {"acc": acc_K[best], "acc_query": (c_K3[best, 1] / n_K[best]).item(),
+                          "right": c_K3[best, 0].item(), "n": c_K3[best, 2].item()}
         if r_multiples:
             results[depth].update(R=Rs(depth)[best], acc_by_R=dict(zip(Rs(depth), acc_K)))
     return results
@@ -433,7 +669,8 @@ def halting_by_depth(
             (no pending signal: results and forward calls as without the argument).
     Returns:
         ``{d: {"halt_acc", "oracle_acc", "best_acc": full-state accuracy (fractions) under the rule, at R* = ⌈d/c⌉
-        and at the best fixed R, "best_iter": that R (int), "halt_iter": mean chosen R,
+        and at the best fixed R, "n": test sequences (the first pass's: halting adds none near the crossing),
+        "best_iter": that R (int), "halt_iter": mean chosen R,
         "dR_mean", "dR_std": mean and population std over sequences of R − R*, "never_halted": fraction,
         "p_yes_k": [mean P(Yes) after iteration 1..R_max], "rules": {(k, n, tau): {"halt_acc", "halt_iter",
         "dR_mean", "dR_std", "never_halted"}} for each extra rule of eval.halt_rules (empty without)}}``; the
@@ -484,6 +721,7 @@ def halting_by_depth(
         best_iter, best_right = best_iteration(sums_2R[1])
         results[depth] = {
             **per_rule[0],
+            "n": n.item(),
             "oracle_acc": (counts_SX7[0, 0, 1] / n).item(),
             "best_acc": best_right / n.item(),
             "best_iter": best_iter,
@@ -592,8 +830,8 @@ def halting_metrics(results: Mapping[int, Mapping], ops_per_iteration: int) -> d
     return out
 
 
-def stopping_extrapolation(results: Mapping[int, Mapping], chance: float, train_depth: int
-                           ) -> dict[str, Extrapolation]:
+def stopping_extrapolation(results: Mapping[int, Mapping], chance: float, train_depth: int, resamples: int = 0,
+                           seed: int = 0) -> dict[str, Extrapolation]:
     """d50 and G (:func:`extrapolation`) of every stopping :func:`halting_by_depth` measured, beside the
     R = ⌈d/c⌉ curve of :func:`accuracy_by_depth` (which gives ``G`` itself):
 
@@ -602,9 +840,13 @@ def stopping_extrapolation(results: Mapping[int, Mapping], chance: float, train_
     - ``"best"``: the oracle best fixed R per depth (``best_acc``);
     - ``"halt_pending"``: the primary rule on the pending signal, when the results have it (``recipe.dense_pending``).
 
+    With ``resamples`` > 0 each also gets its 95 % bootstrap intervals (:func:`extrapolation_from_counts`, from each
+    depth's ``n`` test sequences; the best fixed R's is that of its count at the chosen R, not of the choice).
+
     Args:
         results: :func:`halting_by_depth`'s ``{d: {...}}``.
         chance, train_depth: as in :func:`extrapolation`.
+        resamples, seed: ``eval.bootstrap_resamples``, ``eval.seed``.
     Returns:
         ``{stopping: Extrapolation}`` (``par_ray.tracking_schema.STOPPINGS`` names), empty for empty results.
     Raises:
@@ -617,17 +859,55 @@ def stopping_extrapolation(results: Mapping[int, Mapping], chance: float, train_
     if all("pending" in v for v in results.values()):
         # halting_by_depth lists the primary rule first
         curves["halt_pending"] = {d: next(iter(v["pending"].values()))["halt_acc"] for d, v in results.items()}
-    return {s: extrapolation(c, chance, train_depth) for s, c in curves.items()}
+    if not resamples or not all("n" in v for v in results.values()):
+        return {s: extrapolation(c, chance, train_depth) for s, c in curves.items()}
+    return {s: extrapolation_from_counts({d: (round(acc * results[d]["n"]), results[d]["n"]) for d, acc in c.items()},
+                                         chance, train_depth, resamples, seed) for s, c in curves.items()}
 
 
 def extrapolation_metrics(ex: Extrapolation, stopping: str = "ceil") -> dict[str, float]:
     """The MLflow metrics of one curve's d50 and G (names: ``par_ray.tracking_schema.g_metric``): G, G_censored
     (1.0 when censored, else 0.0), G_interp (floats; G and G_interp are lower bounds when censored), and d50,
     d50_interp (test depths) unless censored. ``stopping`` ``"ceil"`` (R = ⌈d/c⌉) gives the names ``G``, ``d50``, …;
-    ``"halt"`` gives ``G_halt``, ``d50_halt``, …"""
+    ``"halt"`` gives ``G_halt``, ``d50_halt``, ….
+
+    With an interval (``ex.interval``, 95 %): ``G_lo``, ``G_hi``, ``G_interp_lo``, ``G_interp_hi`` (lower bounds,
+    max tested depth / d_train, where censored), ``G_hi_censored`` (1.0 when the upper bounds lie past the largest
+    tested depth), and ``d50_lo``, ``d50_interp_lo`` unless the lower bounds are censored, ``d50_hi``,
+    ``d50_interp_hi`` unless the upper bounds are (``G_halt_lo``, ``d50_halt_interp_hi``, … for another stopping)."""
     out = {g_metric("G", stopping): ex.G, g_metric("G_censored", stopping): float(ex.censored),
            g_metric("G_interp", stopping): ex.G_interp}
     if ex.d50 is not None:
         out[g_metric("d50", stopping)] = float(ex.d50)
         out[g_metric("d50_interp", stopping)] = ex.d50_interp
+    iv = ex.interval
+    if iv is not None:
+        out.update({g_metric(k, stopping): getattr(iv, k) for k in ("G_lo", "G_hi", "G_interp_lo", "G_interp_hi")})
+        out[g_metric("G_hi_censored", stopping)] = float(iv.hi_censored)
+        for end, censored in (("lo", iv.lo_censored), ("hi", iv.hi_censored)):
+            if not censored:
+                out.update({g_metric(f"{k}_{end}", stopping): getattr(iv, f"{k}_{end}") for k in ("d50", "d50_interp")})
     return out
+
+
+def extrapolation_from_metrics(metrics: Mapping[str, float], stopping: str = "ceil") -> Extrapolation | None:
+    """The :class:`Extrapolation` that :func:`extrapolation_metrics` logged for ``stopping`` (its interval too when
+    logged), read back from a run's metrics (``chance`` gives the midpoint); ``None`` when its G was not logged."""
+    def get(kind: str):
+        return metrics.get(g_metric(kind, stopping))
+
+    if get("G") is None:
+        return None
+    interval = None
+    if get("G_lo") is not None:
+        hi_censored = bool(get("G_hi_censored"))
+        lo_censored = get("d50_lo") is None
+        interval = ExtrapolationInterval(level=0.95, resamples=0, d50_lo=get("d50_lo"), d50_hi=get("d50_hi"),
+                                         d50_interp_lo=get("d50_interp_lo"), d50_interp_hi=get("d50_interp_hi"),
+                                         G_lo=get("G_lo"), G_hi=get("G_hi"), G_interp_lo=get("G_interp_lo"),
+                                         G_interp_hi=get("G_interp_hi"), lo_censored=lo_censored,
+                                         hi_censored=hi_censored)
+    d50 = get("d50")
+    return Extrapolation(d50=int(d50) if d50 is not None else None, G=get("G"), censored=bool(get("G_censored")),
+                         midpoint=(metrics.get("chance", math.nan) + 1) / 2, d50_interp=get("d50_interp"),
+                         G_interp=get("G_interp"), interval=interval)

@@ -24,8 +24,10 @@ JSON (``benchmarks/gpu_check.py``, ``throughput.*.mfu``) passed as ``--prices``,
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
 import tomllib
 import typing
 from dataclasses import dataclass, field, replace
@@ -108,7 +110,7 @@ DEVICES: dict[str, Device] = {
                    (NODE_PRICES["p5.48xlarge"], NODE_PRICES["a3-highgpu-8g"])),
     "H200": Device(141, 989.4, _DATASHEET.format("H200 SXM")),
     "CPU": Device(0, 0.087, "fp32 torch.mm at 2048^3 per core with both cores of a 2-core AMD EPYC (Zen 3) VM busy, "
-                  "December 2026; machines differ 2x and more (README, Performance): measure yours with python -m "
+                  "December 2026; machines differ 2x and more (docs/performance.md): measure yours with python -m "
                   "par_ray.hardware --measure-cpu --out cpu.json and pass --prices cpu.json"),
 }
 """Ray accelerator type → :class:`Device`. ``CPU`` is the local preset's worker (one core per thread; no price)."""
@@ -131,7 +133,7 @@ measured with tiny-qwen2 and tiny-qwen3 local-preset trials training side by sid
 2026; 40 steps of the trial's own (d, R) draws, FLOPs of those draws, then one full evaluation): training 0.39 and
 0.37 (0.46 / 0.40 alone), evaluation 0.42 (0.44 alone). Two trials slow each other more than two big matmuls do
 (the per-core matmul peak drops 5 % with both cores busy, a training step 12–19 %): backward and AdamW are memory
-bound and share the memory bandwidth and L3. Checked in a real local sweep (README, "What a sweep costs"): the trials
+bound and share the memory bandwidth and L3. Checked in a real local sweep (docs/cost.md): the trials
 reached 0.34–0.37 training and 0.38–0.42 evaluation, Ray's own processes taking ~20 % of the two cores. These
 evaluation figures are of the coarse test grid (6/12/24/48, batches of 256); the fine grid the local preset now
 evaluates (15 depths, batches of 128) measured 0.49 side by side in one run, where training measured 0.43–0.47: this
@@ -280,7 +282,6 @@ def measure_cpu_peak(workers: int = 1, seconds: float = 2.0, size: int = 2048) -
 
     Run in threads of this process with torch's intra-op threads set to 1 for the measurement (``torch.mm`` releases
     the GIL), restored after. Raises ``ValueError`` naming ``workers`` or ``seconds`` if not positive."""
-    import os
     import threading
     import time
 
@@ -341,22 +342,31 @@ def _cpu_model() -> str:
     return ""
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m par_ray.hardware`` argument parser, built without running anything (grouped flags, example)."""
+    ap = argparse.ArgumentParser(
+        prog="python -m par_ray.hardware", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Measure this machine's CPU peak and write it as a price file for the sweeps' --prices.",
+        epilog="The local preset's cost plan (--dry-run) assumes a CPU peak per core; CPUs differ 2x and more,\n"
+               "so measure yours (about 2 s) and pass the file on.\n"
+               "\nexample:\n  python -m par_ray.hardware --measure-cpu --out cpu.json\n"
+               "  python sweeps/backbone_scaling.py --preset local --prices cpu.json --dry-run")
+    what = ap.add_argument_group("what to measure")
+    what.add_argument("--measure-cpu", action="store_true", required=True,
+                      help="measure the fp32 matmul peak per core")
+    what.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                      help="cores busy at once, one thread each: the local sweep's trials side by side (default: "
+                           "all CPUs, as a local sweep of 1-CPU trials runs them)")
+    what.add_argument("--seconds", type=float, default=2.0, help="measuring time (default 2)")
+    out = ap.add_argument_group("output")
+    out.add_argument("--out", help="write the price file here (default: print it)")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m par_ray.hardware --measure-cpu [--workers N] [--out FILE]``: this machine's CPU peak as a price
     file for the sweeps' ``--prices``."""
-    import argparse
-    import os
-
-    ap = argparse.ArgumentParser(prog="python -m par_ray.hardware",
-                                 description="Measure this machine's CPU peak for the local preset's cost plan and "
-                                             "write it as a price file (--prices FILE of the sweeps).")
-    ap.add_argument("--measure-cpu", action="store_true", required=True,
-                    help="measure the fp32 matmul peak per core")
-    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                    help="cores busy at once, one thread each: the local sweep's trials side by side (default: all "
-                         "CPUs, as a local sweep of 1-CPU trials runs them)")
-    ap.add_argument("--seconds", type=float, default=2.0, help="measuring time (default 2)")
-    ap.add_argument("--out", help="write the price file here (default: print it)")
+    ap = build_parser()
     args = ap.parse_args(argv)
     try:
         peak = measure_cpu_peak(args.workers, args.seconds)

@@ -11,6 +11,7 @@ of traces.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -92,25 +93,35 @@ def ui_url(server: str, experiment_id: str | None = None) -> str:
     return f"{server}/#/{page}?workflowType=machine_learning"
 
 
+def build_parser(prog: str = "python -m par_ray.mlflow_ui") -> argparse.ArgumentParser:
+    """The UI command's argument parser (``prog``: how it was called), built without running anything."""
+    p = argparse.ArgumentParser(
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve the MLflow UI over a sweep's store on 127.0.0.1 until Ctrl-C.",
+        epilog="Lighter than `mlflow ui`: one server worker and no job runner (`mlflow server --workers 1` with\n"
+               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false). Prints a link per par_ray experiment that opens on its\n"
+               "runs table; when the port is taken it serves on a free one and says so.\n"
+               f"\nexample:\n  {prog} --storage runs/backbone_scaling")
+    store = p.add_argument_group("which store")
+    store.add_argument("--storage", default=None,
+                       help="the sweep's --storage folder (holds mlflow.db and mlartifacts/), e.g. "
+                            "runs/backbone_scaling")
+    store.add_argument("--backend-store-uri", default=None,
+                       help="MLflow store URI (default sqlite:///<storage>/mlflow.db)")
+    store.add_argument("--artifacts", default=None, help="artifact folder to serve (default <storage>/mlartifacts)")
+    server = p.add_argument_group("server")
+    server.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default 5000)")
+    return p
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m par_ray.mlflow_ui") -> int:
     """``python -m par_ray.mlflow_ui --storage runs/<sweep>`` (or ``python -m par_ray.tracking ui --storage …``): the
     MLflow UI over a sweep's store with :func:`local_server` (one worker, no job runner), until Ctrl-C. Prints the URL
     of each ``par_ray/*`` experiment. A leading ``ui`` in ``argv`` is accepted (the tracking module's command)."""
-    import argparse
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["ui"]:
         argv = argv[1:]
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="Serve the MLflow UI over a sweep's store on 127.0.0.1 until Ctrl-C, lighter than `mlflow ui`: "
-                    "one server worker and no job runner (`mlflow server --workers 1` with "
-                    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false).")
-    p.add_argument("--storage", default=None,
-                   help="the sweep's --storage folder (holds mlflow.db and mlartifacts/), e.g. runs/backbone_scaling")
-    p.add_argument("--backend-store-uri", default=None, help="MLflow store URI (default sqlite:///<storage>/mlflow.db)")
-    p.add_argument("--artifacts", default=None, help="artifact folder to serve (default <storage>/mlartifacts)")
-    p.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default 5000)")
+    p = build_parser(prog)
     args = p.parse_args(argv)
     if not args.storage and not args.backend_store_uri:
         p.error("--storage: give the sweep's storage folder (or --backend-store-uri and --artifacts)")

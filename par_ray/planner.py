@@ -56,9 +56,12 @@ the gradient window:
     prelude output e (rh), causal mask (r T²), rotary cos/sin
     logits                         K·B·Q·V (b + 4): the stacked readout and the loss's fp32 log-softmax
 
-Peak. Backward walks the iterations in reverse (lm_head and a tied embedding first, then coda, core, adapter, ...,
-prelude), freeing each layer's activations as it allocates that layer's gradients; the planner walks the same order,
-layer by layer, and keeps the largest (gradients allocated so far - activations freed so far + transient). A weight's
+Peak. The window's read-outs run after its last iteration as one batch of K·B sequences (``LoopedLM._read_stacked``),
+so backward starts with them, all at once (lm_head and a tied embedding first, then the coda), then walks the
+iterations in reverse (core, adapter, ..., prelude), freeing each layer's activations as it allocates that layer's
+gradients; the planner walks the same order, layer by layer, and keeps the largest (gradients allocated so far -
+activations freed so far + transient). The read-outs' backward leaves the gradient of the K stacked states,
+K·B·T·h·r, in one buffer whose views feed the K iterations: it is held through the window's walk. A weight's
 first contribution becomes its gradient; a shared weight's later ones (tied embedding / lm_head, the looped core and
 coda) are added out of place, so the new contribution and the new sum coexist with the old sum: 2 × that weight in
 the compute dtype. Sharded gradients count whole from the start. After backward the activations are gone and the
@@ -67,12 +70,13 @@ optimizer step has its own temporaries:
     total = P + O + buffers + max( activations + walk peak + backward workspace ,  G + step workspace )
 
     backward workspace: the logits' gradients K·B·Q·V (4 + b); two of a layer's largest activation gradients
-        (max of B·T·I·b and B·n_q·T²·4); bf16 ddp: autocast's bf16 weight casts (saved for backward) and the fp32
-        cast of the largest weight's gradient; fsdp: the units ``strategies.fsdp`` keeps gathered (core, coda,
-        adapter, untied lm_head and core copies are reused, so ``reshard_after_forward=False`` keeps them unsharded
-        until their backward; the root, with tied embeddings, stays unsharded) plus the fp32 copy of the largest
-        unit's gradient for the reduce-scatter; ZeRO-3: the same reused set, capped at
-        ``stage3_max_live_parameters`` = 1e9 (``strategies.deepspeed_config`` keeps reused parameters gathered).
+        (max of B·T·I·b and B·n_q·T²·4, × K for the batched read-out's coda layers); bf16 ddp: autocast's bf16
+        weight casts (saved for backward) and the fp32 cast of the largest weight's gradient; fsdp: the units
+        ``strategies.fsdp`` keeps gathered (core, coda, adapter, untied lm_head and core copies are reused, so
+        ``reshard_after_forward=False`` keeps them unsharded until their backward; the root, with tied embeddings,
+        stays unsharded) plus the fp32 copy of the largest unit's gradient for the reduce-scatter; ZeRO-3: the
+        same reused set, capped at ``stage3_max_live_parameters`` = 1e9 (``strategies.deepspeed_config`` keeps
+        reused parameters gathered).
     step workspace: the step's stacked logits K·B·Q·V·b (alive until the step returns); torch AdamW (ddp, fsdp, and
         deepspeed's ``torch_adam``) takes the foreach path on CUDA, which materialises sqrt(v) of every local
         parameter at once, 4 B each (torch.optim docs: foreach trades peak memory for speed); DeepSpeed also
@@ -404,14 +408,18 @@ def plan(backbone: str, strategy: str, world_size: int, R: int, grad_window: int
     head = g * head_param + g * rest_root
     # (bytes stored, gradient key, gradient bytes allocated when backward first reaches it, its largest weight)
     order: list[tuple[int, object, int, int]] = []
+    # The window's K read-outs run as one batch of K·B sequences after the last iteration (LoopedLM._read_stacked),
+    # so backward walks them first, all at once: final norm, lm_head input, coda layers at K·B.
+    order.append((K * (B * T * ((4 + r) * h + 4) + B * Q * h * b), "head", head, head_param))
+    order += [(K * layer, ("coda", i), layer_grads, shape.largest_layer_param) for i in reversed(range(n_coda))]
+    window_start = len(order)
     for k in range(R, R - K, -1):  # iterations in the window, last first; earlier ones stored nothing
-        order.append((B * T * ((4 + r) * h + 4) + B * Q * h * b, "head", head, head_param))  # final norm, lm_head in
-        order += [(layer, ("coda", i), layer_grads, shape.largest_layer_param) for i in reversed(range(n_coda))]
         if anchoring and k >= 2:
             order.append((B * T * (4 * h + 16), None, 0, 0))  # fp32 state for the RMS ratio + per-token scalars
         copy = 1 if tied or k == 1 else min(k, untied_copies)
         order += [(layer, ("core", copy, i), layer_grads, shape.largest_layer_param) for i in reversed(range(n_core))]
         order.append((B * T * 2 * h * b, "adapter", 0, 2 * h * h))  # adapter input [e; s]
+    window_walk = range(window_start, len(order))
     order += [(layer, ("prelude", i), layer_grads, shape.largest_layer_param) for i in reversed(range(n_pre))]
     if shape.lm_head_params:  # an untied embedding's gradient comes last; a tied one is the head's last contribution
         order.append((0, "embedding", g * shape.embedding_params, shape.embedding_params))
@@ -424,18 +432,22 @@ def plan(backbone: str, strategy: str, world_size: int, R: int, grad_window: int
     # Gradients allocated as backward reaches each layer. A weight's first contribution becomes its gradient; later
     # ones (a shared weight: tied embedding / lm_head, the looped core and coda) are added out of place, so the new
     # contribution and the new sum briefly coexist with the old sum. Sharded gradients count whole from the start.
+    # The read-outs' backward leaves the gradient of the K stacked states in one buffer, each iteration's share a
+    # view of it: it is held while backward walks the window's iterations, until the earliest read one.
+    read_grads = r * K * B * T * h
     allocated, freed, worst, seen = 0, 0, 0, set()
-    for act, key, grad_bytes, largest in order:
+    for i, (act, key, grad_bytes, largest) in enumerate(order):
         transient = 2 * prec.compute * largest if key in seen else 0
         if key is not None and key not in seen:
             seen.add(key)
             allocated += grad_bytes
-        worst = max(worst, allocated - freed + transient)
+        worst = max(worst, allocated - freed + transient + (read_grads if i in window_walk else 0))
         freed += act
     backward_grads = grads + 2 * prec.compute * shape.largest_param if stage >= 2 else worst
 
     # --- transients during backward ------------------------------------------------------------------------------------
-    largest_tensor = max(B * T * shape.intermediate * b, B * shape.heads * T * T * 4)
+    # the largest activation gradient of a layer: the batched read-out's coda layers see K·B sequences
+    largest_tensor = (K if n_coda else 1) * max(B * T * shape.intermediate * b, B * shape.heads * T * T * 4)
     backward_workspace = K * B * Q * V * (4 + b) + 2 * largest_tensor
     copies_used = n_core * (1 if tied else min(R, untied_copies))
     reused = (copies_used + n_coda) * shape.layer_params + rest_root + (shape.lm_head_params or shape.embedding_params)
@@ -576,7 +588,9 @@ def plan_evaluation(cfg: TrialConfig) -> EvalMemoryPlan:
         ep = task.sample(depth, 1, seed=0)
         return int(ep.input_ids.shape[1]), int(ep.read_positions.numel())
 
-    B = min(ev.batch_size, -(-ev.num_sequences // N))
+    # rows per forward: a test set's (or a block's near the crossing, eval.bracket_*) share per GPU, in batches
+    rows = max(ev.num_sequences, ev.bracket_block if ev.bracket_max_sequences else 0)
+    B = min(ev.batch_size, -(-rows // N))
     T, Q = prompt(max(ev.depths))
     plain = forward(B, T, Q, b + 4)
     halting = stacked = 0
@@ -716,28 +730,39 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m par_ray.planner", description=__doc__.split("\n\n")[0],
-                                 usage="%(prog)s (--backbone NAME --strategy {ddp,fsdp,deepspeed} | --table) [options]")
-    ap.add_argument("--backbone", choices=sorted(BACKBONES), help="registry name (required unless --table)")
-    ap.add_argument("--strategy", choices=STRATEGIES, help="data-parallel strategy (required unless --table)")
-    ap.add_argument("--world-size", type=_positive_int, default=1, help="GPUs (data-parallel ranks)")
-    ap.add_argument("--R", type=_positive_int, default=32, help="core iterations per step")
-    ap.add_argument("--grad-window", type=_positive_int, default=8, help="iterations run with autograd")
-    ap.add_argument("--micro-batch", type=_positive_int, default=4, help="sequences per GPU")
-    ap.add_argument("--seq-len", type=_positive_int, default=64, help="tokens per sequence")
-    ap.add_argument("--read-positions", type=_positive_int, default=5, help="answers read per sequence (Q)")
-    ap.add_argument("--vocab-size", type=_positive_int, default=None,
-                    help="override the checkpoint's vocabulary (random-init shapes use the task's)")
-    ap.add_argument("--untied-copies", type=_positive_int, default=None,
-                    help="untied baseline with this many core copies (default: weight-tied core)")
-    ap.add_argument("--zero-stage", type=int, choices=ZERO_STAGES, default=2, help="DeepSpeed ZeRO stage")
-    ap.add_argument("--offload", action="store_true", help="DeepSpeed ZeRO-Offload of optimizer state to CPU")
-    ap.add_argument("--dtype", choices=DTYPES, default="bf16", help="bf16 on GPUs, fp32 as on CPU")
-    ap.add_argument("--gpu-memory-gb", type=_positive_float, default=None,
-                    help="GPU memory in GB (default 80; --table: both 80 and 141)")
-    ap.add_argument("--table", action="store_true", help="smallest GPU count per Qwen size and strategy")
-    ap.add_argument("--max-gpus", type=_positive_int, default=1024, help="largest GPU count --table searches")
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m par_ray.planner`` argument parser, built without running anything (grouped flags, examples)."""
+    ap = argparse.ArgumentParser(
+        prog="python -m par_ray.planner", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Plan GPU memory of a PAR training step: bytes per GPU by backbone, strategy, GPUs, R and window.",
+        usage="%(prog)s (--backbone NAME --strategy {ddp,fsdp,deepspeed} | --table) [options]",
+        epilog="Pure arithmetic over the backbone registry's exact sizes: nothing is loaded or allocated.\n"
+               "\nexamples:\n"
+               "  python -m par_ray.planner --backbone qwen2.5-7b --strategy fsdp --world-size 8 --R 32 \\\n"
+               "      --grad-window 8\n"
+               "  python -m par_ray.planner --table      # smallest GPU count per Qwen size and strategy")
+    one = ap.add_argument_group("one plan")
+    one.add_argument("--backbone", choices=sorted(BACKBONES), help="registry name (required unless --table)")
+    one.add_argument("--strategy", choices=STRATEGIES, help="data-parallel strategy (required unless --table)")
+    one.add_argument("--world-size", type=_positive_int, default=1, help="GPUs (data-parallel ranks)")
+    one.add_argument("--zero-stage", type=int, choices=ZERO_STAGES, default=2, help="DeepSpeed ZeRO stage")
+    one.add_argument("--offload", action="store_true", help="DeepSpeed ZeRO-Offload of optimizer state to CPU")
+    table = ap.add_argument_group("the table instead")
+    table.add_argument("--table", action="store_true", help="smallest GPU count per Qwen size and strategy")
+    table.add_argument("--max-gpus", type=_positive_int, default=1024, help="largest GPU count --table searches")
+    work = ap.add_argument_group("the workload (both)")
+    work.add_argument("--R", type=_positive_int, default=32, help="core iterations per step")
+    work.add_argument("--grad-window", type=_positive_int, default=8, help="iterations run with autograd")
+    work.add_argument("--micro-batch", type=_positive_int, default=4, help="sequences per GPU")
+    work.add_argument("--seq-len", type=_positive_int, default=64, help="tokens per sequence")
+    work.add_argument("--read-positions", type=_positive_int, default=5, help="answers read per sequence (Q)")
+    work.add_argument("--vocab-size", type=_positive_int, default=None,
+                      help="override the checkpoint's vocabulary (random-init shapes use the task's)")
+    work.add_argument("--untied-copies", type=_positive_int, default=None,
+                      help="untied baseline with this many core copies (default: weight-tied core)")
+    work.add_argument("--dtype", choices=DTYPES, default="bf16", help="bf16 on GPUs, fp32 as on CPU")
+    work.add_argument("--gpu-memory-gb", type=_positive_float, default=None,
+                      help="GPU memory in GB (default 80; --table: both 80 and 141)")
     return ap
 
 
@@ -748,7 +773,8 @@ _FLAG_OF = {"world_size": "--world-size", "grad_window": "--grad-window", "micro
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _parser()
+    """``python -m par_ray.planner``: print one plan or the smallest-GPU-count table; bad input → exit status 2."""
+    ap = build_parser()
     args = ap.parse_args(argv)
     workload = dict(R=args.R, grad_window=args.grad_window, micro_batch=args.micro_batch, seq_len=args.seq_len,
                     read_positions=args.read_positions, dtype=args.dtype, vocab_size=args.vocab_size)

@@ -111,18 +111,20 @@ LOCAL_CURRICULUM = {
     "train.steps": 1500, "train.eval_every": 1500, "train.checkpoint_every": 500,
     "eval.depths": fine_depths(LOCAL_CURRICULUM_DEPTH, 8 * LOCAL_CURRICULUM_DEPTH),
     "eval.num_sequences": 128, "eval.num_sequences_fine": 32, "eval.batch_size": 128,
+    "eval.bracket_max_sequences": 512, "eval.bracket_min_sequences": 256, "eval.bracket_block": 128,
     "train.compile": True, "recipe.read_every": 2,
 }
 """A length curriculum at a local sweep's budget (docs/experiments.md §21, arm "c16 noise"): d_train ramps 6 → 11 → 16
 over 1,500 steps (500 per phase; the iterations before the gradient window run without autograd), state noise σ 0.1,
 tests on the fine grid to 8× (16 … 128: every depth to 32, then ratio ≤ 1.25; 128 sequences at 16 / 32 / 64 / 128
-and 32 at the 21 depths between), decoder layers compiled (``train.compile``: a step at d_train 16 ~20 % faster
+and 32 at the 21 depths between; then blocks of 128 at the two depths that bracket the midpoint crossing until each
+has >= 256 and its 95 % interval excludes the midpoint, or 512: ``eval.bracket_*``), decoder layers compiled (``train.compile``: a step at d_train 16 ~20 % faster
 after a one-time compile of ~1 min per trial, the same math up to float round-off; docs/experiments.md §25), every
 other iteration of the gradient window read out, in phase with ⌈d/c⌉ (``recipe.read_every``: ~20 % off a trial's
 training; the main job 40 min instead of ~1 h, at a lower G on tiny-qwen3; docs/experiments.md §26).
 With :data:`LOCAL_LOOP_OPTIONS` and :data:`LOCAL_PROGRESS_OPTIONS` it read 0.85 / 0.56 / 0.13 at 1× / 2× / 4×, G 3
 (tiny-qwen3, seed 0) in ~15 min on one core of the reference machine; twice the steps reach G ≥ 4 on every seed
-(README Results) but cost twice that, over the local sweeps' budgets."""
+(docs/results.md) but cost twice that, over the local sweeps' budgets."""
 
 
 def local_trial(backbone: str = "tiny-qwen2", task: str = "swap_s5", seed: int = 0) -> TrialConfig:
@@ -135,7 +137,9 @@ def local_trial(backbone: str = "tiny-qwen2", task: str = "swap_s5", seed: int =
     4000`` (docs/experiments.md, experiment 3). Evaluates every 1,000 steps on the fine grid: 256 sequences at
     6/12/24/48 and 128 at the 11 depths between, in batches of 128 (on one CPU thread a batch of 256 costs ~2.7× one
     of 128 at d = 48), so evaluation stays under 15 % of a trial (docs/experiments.md §19: the whole grid at 256 in
-    batches of 256 took 17 %).
+    batches of 256 took 17 %); then blocks of 128 at the two depths that bracket the midpoint crossing, until each
+    has >= 256 sequences and its 95 % interval excludes the midpoint, or 512 (``eval.bracket_*``; G's 95 % interval
+    from a bootstrap over the test sequences, ``eval.bootstrap_resamples``).
     """
     return TrialConfig(
         task=TaskConfig(name=task, train_depth=LOCAL_TRAIN_DEPTH),
@@ -144,7 +148,8 @@ def local_trial(backbone: str = "tiny-qwen2", task: str = "swap_s5", seed: int =
         train=TrainConfig(steps=3000, batch_size=64, lr=1e-3, warmup_steps=100, seed=seed, eval_every=1000,
                           report_every=50, checkpoint_every=500),
         eval=EvalConfig(depths=fine_depths(LOCAL_TRAIN_DEPTH, LOCAL_EVAL_MULTIPLES[-1] * LOCAL_TRAIN_DEPTH),
-                        num_sequences=256, num_sequences_fine=128, batch_size=128),
+                        num_sequences=256, num_sequences_fine=128, batch_size=128, bracket_max_sequences=512,
+                        bracket_min_sequences=256, bracket_block=128),
     )
 
 
@@ -156,8 +161,10 @@ def _hub_name(backbone: str) -> str | None:
 
 def paper_trial(backbone: str = "qwen2.5-0.5b", task: str = "swap_s5", seed: int = 0) -> TrialConfig:
     """The paper's protocol: the task's paper depths (``par_ray.tasks.PAPER_DEPTHS``: S5 / A5 d_train 16, tests
-    16…256; swap-S5 32…512; 16× either way), 1,024 sequences per depth, bf16 on GPUs. Raises ``ValueError`` for an
-    unknown task."""
+    16…256; swap-S5 32…512; 16× either way), 1,024 sequences per depth, bf16 on GPUs; then blocks of 1,024 at the
+    depths that bracket the midpoint crossing until each one's 95 % interval excludes the midpoint, or 4,096
+    (``eval.bracket_*``, a par_ray addition: the paper reads G off 1,024). Raises ``ValueError`` for an unknown
+    task."""
     from par_ray.tasks import PAPER_DEPTHS, get_task
 
     get_task(task)  # the registry's error names the known tasks
@@ -170,7 +177,8 @@ def paper_trial(backbone: str = "qwen2.5-0.5b", task: str = "swap_s5", seed: int
         recipe=RecipeConfig(grad_window=8, max_iterations=64),
         train=TrainConfig(steps=5000, batch_size=64, lr=1e-4, warmup_steps=200, seed=seed, use_gpu=True,
                           num_workers=1, eval_every=1000, report_every=50, checkpoint_every=500),
-        eval=EvalConfig(depths=depths.test_depths, num_sequences=1024, batch_size=128),
+        eval=EvalConfig(depths=depths.test_depths, num_sequences=1024, batch_size=128, bracket_max_sequences=4096,
+                        bracket_block=1024),
     )
 
 
@@ -301,13 +309,15 @@ def preset_trial(preset: str, backbone: str, task: str = "swap_s5", seed: int = 
 def smoke_overrides(cfg: TrialConfig) -> dict[str, object]:
     """Flat overrides that turn a preset trial into a smoke test: 4 steps of 8 sequences, the first two test depths
     of the doublings d_train × 1, 2, 4 … (``EvalConfig.coarse_depths``: a fine grid's 1× and 2×) with 16 sequences
-    each, evaluation, report and checkpoint every 2 steps (so every report carries G), eager layers (4 steps never
-    repay a compile)."""
+    each, evaluation, report and checkpoint every 2 steps (so every report carries G), at most one block of 16 more
+    at each depth that brackets the crossing (adaptive sampling runs, cheaply), eager layers (4 steps never repay a
+    compile)."""
     coarse = cfg.eval.coarse_depths()
     depths = (coarse if len(coarse) >= 2 else cfg.eval.depths)[:2]
     return {
         "train.steps": 4, "train.batch_size": 8, "train.warmup_steps": 1, "train.eval_every": 2,
         "train.report_every": 2, "train.checkpoint_every": 2,
         "eval.depths": ",".join(str(d) for d in depths), "eval.num_sequences": 16, "eval.batch_size": 16,
-        "eval.num_sequences_fine": 0, "train.compile": False,
+        "eval.num_sequences_fine": 0, "eval.bracket_max_sequences": 32, "eval.bracket_min_sequences": 0,
+        "eval.bracket_block": 16, "train.compile": False,
     }

@@ -49,7 +49,7 @@ from pathlib import Path
 from par_ray.config import TrialConfig, to_flat
 from par_ray.tracking_schema import (ARTIFACT_ACCURACY_CSV, ARTIFACT_ACCURACY_JSON, ARTIFACT_ACCURACY_PNG,
                                      ARTIFACT_CONFIG, CURVE_BY_DEPTH, CURVE_BY_MULTIPLE, EXPERIMENT_KIND,
-                                     METRIC_RENAMES, ROLE_SWEEP, ROLE_TRIAL, STOPPINGS, TAG_BACKBONE,
+                                     INTERVAL_KINDS, METRIC_RENAMES, ROLE_SWEEP, ROLE_TRIAL, STOPPINGS, TAG_BACKBONE,
                                      TAG_EXPERIMENT_KIND, TAG_EXPERIMENT_PATH, TAG_GIT_COMMIT, TAG_PARENT, TAG_RECIPE,
                                      TAG_ROLE, TAG_SEED, TAG_SWEEP, TAG_TASK, TAG_TRIAL_ID, depth_metric,
                                      experiment_name, g_metric)
@@ -289,9 +289,13 @@ class SweepTracker:
         if run_id is None:
             return
         final = dict(final or {})
-        # d50 was not reached (of R = ⌈d/c⌉, or of a halting trial's other stoppings): make the last value say so
+        # d50 was not reached (of R = ⌈d/c⌉, or of a halting trial's other stoppings), or a bound of its 95 % interval
+        # lies past the largest test depth: make the last value say so (an earlier evaluation may have logged one)
         unreached = {g_metric(kind, s): math.nan for s in STOPPINGS if final.get(g_metric("G_censored", s))
                      for kind in ("d50", "d50_interp")}
+        unreached |= {g_metric(f"{kind}_{end}", s): math.nan for s in STOPPINGS
+                      if final.get(g_metric("G_hi_censored", s)) for end in ("lo", "hi")
+                      for kind in ("d50", "d50_interp") if g_metric(f"{kind}_{end}", s) not in final}
         if unreached and "step" in final:
             self.log_metrics(trial_id, unreached, int(final["step"]))
         curve = curve_metrics(cfg, final) if status == "FINISHED" else []
@@ -342,16 +346,20 @@ def write_trial_artifacts(out_dir: str, cfg: TrialConfig, final: typing.Mapping[
     rows = [{"depth": d, "multiple": d / d_train, "acc": float(final[depth_metric("acc", d)]),
              "acc_lo": float(final.get(depth_metric("acc_lo", d), math.nan)),  # the 95 % Wilson interval
              "acc_hi": float(final.get(depth_metric("acc_hi", d), math.nan)),
+             "sequences": float(final.get(depth_metric("sequences", d), math.nan)),
              "acc_query": float(final.get(depth_metric("acc_query", d), math.nan))} for d in depths]
     summary = {
         "task": cfg.task.name, "backbone": cfg.backbone.name, "recipe": cfg.recipe.name, "seed": cfg.train.seed,
         "train_depth": d_train, "chance": final.get("chance"), "d50": final.get("d50"), "G": final.get("G"),
         "G_censored": bool(final.get("G_censored", 0.0)), "d50_interp": final.get("d50_interp"),
-        "G_interp": final.get("G_interp"), "by_depth": rows,
+        "G_interp": final.get("G_interp"),
+        **{k: final.get(k) for k in INTERVAL_KINDS if k in final},  # 95 % intervals (G_lo, G_interp_hi, …)
+        "by_depth": rows,
     }
     (out / ARTIFACT_ACCURACY_JSON).write_text(json.dumps(summary, indent=2))
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=["depth", "multiple", "acc", "acc_lo", "acc_hi", "acc_query"])
+    writer = csv.DictWriter(buf, fieldnames=["depth", "multiple", "acc", "acc_lo", "acc_hi", "sequences",
+                                             "acc_query"])
     writer.writeheader()
     writer.writerows(rows)
     (out / ARTIFACT_ACCURACY_CSV).write_text(buf.getvalue())

@@ -11,7 +11,8 @@
   depth D ``{kind}_d{D}`` (:func:`depth_metric`), with a stopping rule's suffix ``_k{k}n{n}t{tau}``
   (:func:`rule_suffix`) and/or the pending signal's ``_pending``; per iteration k ``{kind}_k{k}``
   (:func:`iteration_metric`); d50 and G of each stopping (:func:`g_metric`: ``G``, ``G_interp``, ``G_halt``,
-  ``G_best``, …); the final curve :data:`CURVE_BY_DEPTH` / :data:`CURVE_BY_MULTIPLE`;
+  ``G_best``, …) and their 95 % intervals (``G_lo``, ``G_interp_hi``, …); the final curve :data:`CURVE_BY_DEPTH` /
+  :data:`CURVE_BY_MULTIPLE`;
 - artifacts :data:`ARTIFACTS`; a FAILED trial run also has :data:`TAG_ERROR` and :data:`ARTIFACT_ERROR`;
 - cost (issue "what a sweep costs"): the plan as child-run params ``cost.<field>`` (:func:`cost_param`, fields
   :data:`COST_FIELDS`, ``par_ray.cost.TrialCost.params``), what the trial used as metrics :data:`GPU_SECONDS_TRAIN`,
@@ -78,10 +79,11 @@ ARTIFACT_ACCURACY_PNG = "accuracy_by_depth.png"
 ARTIFACTS = (ARTIFACT_ACCURACY_JSON, ARTIFACT_ACCURACY_CSV, ARTIFACT_ACCURACY_PNG, ARTIFACT_CONFIG)
 """A trial run's artifacts (the accuracy files only when the trial was evaluated)."""
 
-DEPTH_KINDS = ("acc", "acc_query", "acc_lo", "acc_hi", "cot_tokens", "best_R", "oracle_acc", "best_acc", "best_iter",
-               "halt_acc", "halt_gap", "halt_iter", "never_halted", "halt_dR_mean", "halt_dR_std")
+DEPTH_KINDS = ("acc", "acc_query", "acc_lo", "acc_hi", "sequences", "cot_tokens", "best_R", "oracle_acc", "best_acc",
+               "best_iter", "halt_acc", "halt_gap", "halt_iter", "never_halted", "halt_dR_mean", "halt_dR_std")
 """Metrics logged per test depth D as ``{kind}_d{D}``: full-state and per-query accuracy, the 95 % Wilson interval of
-the full-state accuracy over the depth's test sequences (``par_ray.evaluation.wilson_interval``), the CoT baseline's
+the full-state accuracy over the depth's test sequences (``par_ray.evaluation.wilson_interval``), those sequences
+(``sequences``: the first pass's, plus the blocks adaptive sampling added near the crossing), the CoT baseline's
 mean generated tokens, the best R of ``eval.best_r`` (the RLT row), and halting
 (``par_ray.evaluation.halting_metrics``): accuracy at R = ⌈d/c⌉ (``oracle_acc``), at the oracle best fixed R over
 1..R_max (``best_acc``, a fraction) and that R (``best_iter``), and the stopping rule's metrics (:data:`RULE_KINDS`)."""
@@ -103,15 +105,22 @@ G_KINDS = ("G", "G_censored", "G_interp", "d50", "d50_interp")
 """Trial metrics of one curve's extrapolation (``par_ray.evaluation.extrapolation_metrics``): G (= d50 / d_train, a
 lower bound when censored), G_censored (1.0 when accuracy never fell below the midpoint), the interpolated G, d50 and
 the interpolated d50 (test depths; not logged when censored)."""
+INTERVAL_KINDS = ("G_lo", "G_hi", "G_interp_lo", "G_interp_hi", "G_hi_censored", "d50_lo", "d50_hi", "d50_interp_lo",
+                  "d50_interp_hi")
+"""Trial metrics of the 95 % bootstrap intervals of one curve's d50, G and interpolated G
+(``par_ray.evaluation.extrapolation_interval``, issue 37): the bounds of G and of the interpolated G (max tested
+depth / d_train, a lower bound, where a bound is censored), G_hi_censored (1.0 when the upper bounds lie past the
+largest tested depth), and the bounds of d50 and of the interpolated d50 (test depths; a censored bound is not
+logged). Named like :data:`G_KINDS` by :func:`g_metric`: ``G_lo``, ``G_halt_interp_hi``, ``d50_best_lo``."""
 
 
 def g_metric(kind: str = "G", stopping: str = "ceil") -> str:
-    """The name of extrapolation metric ``kind`` (:data:`G_KINDS`) of ``stopping`` (:data:`STOPPINGS`): ``G``,
-    ``G_interp``, ``d50`` for ``ceil``; the stopping after ``G`` / ``d50`` otherwise: ``G_halt``,
-    ``G_halt_interp``, ``G_best_censored``, ``d50_best``, ``G_halt_pending``. ValueError naming the allowed
-    values for any other kind or stopping."""
-    if kind not in G_KINDS:
-        raise ValueError(f"extrapolation metric kind {kind!r} is not one of {G_KINDS}")
+    """The name of extrapolation metric ``kind`` (:data:`G_KINDS`, :data:`INTERVAL_KINDS`) of ``stopping``
+    (:data:`STOPPINGS`): ``G``, ``G_interp``, ``d50``, ``G_lo`` for ``ceil``; the stopping after ``G`` / ``d50``
+    otherwise: ``G_halt``, ``G_halt_interp``, ``G_best_censored``, ``d50_best``, ``G_halt_pending``,
+    ``G_halt_interp_lo``. ValueError naming the allowed values for any other kind or stopping."""
+    if kind not in G_KINDS + INTERVAL_KINDS:
+        raise ValueError(f"extrapolation metric kind {kind!r} is not one of {G_KINDS + INTERVAL_KINDS}")
     if stopping not in STOPPINGS:
         raise ValueError(f"stopping {stopping!r} is not one of {STOPPINGS}")
     base, _, part = kind.partition("_")

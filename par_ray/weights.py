@@ -2,7 +2,7 @@
 
 A cluster node often has no hub access, or a rate-limited one, and a trial that calls ``from_pretrained(hub_id)``
 on every worker dies inside model build after its GPUs were claimed. So the paper preset never downloads: the
-checkpoints are downloaded once into a directory the cluster shares (``cluster/setup_node.sh``, README "Pretrained
+checkpoints are downloaded once into a directory the cluster shares (``cluster/setup_node.sh``, docs/gpu.md, "Pretrained
 weights"), and every process resolves a hub id to a local directory with huggingface_hub's own cache functions
 before anything is claimed.
 

@@ -72,14 +72,28 @@ def signals(run: str, depths: list[int], n: int) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """This script's argument parser, built without running anything (grouped flags, one example)."""
+    ap = argparse.ArgumentParser(
+        prog="python scripts/halt_signals.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Probe a trained halting model: stop on the halting read-out or on the pending read-out.",
+        epilog="Prints one row per run, signal, stopping rule and depth: halting vs oracle accuracy and\n"
+               "the iterations it used.\n"
+               "\nexample:\n  python scripts/halt_signals.py runs/halt-s0 --depths 6,12,24")
     ap.add_argument("runs", nargs="+", help="run or checkpoint directories (par_ray.train.checkpoint.load_trained)")
-    ap.add_argument("--depths", default="6,12,24", help="comma-separated test depths")
-    ap.add_argument("-n", type=int, default=256, help="sequences per depth")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads")
-    ap.add_argument("--out", help="write the rows as JSON to this path")
-    args = ap.parse_args()
+    probe = ap.add_argument_group("what to probe")
+    probe.add_argument("--depths", default="6,12,24", help="comma-separated test depths")
+    probe.add_argument("-n", type=int, default=256, help="sequences per depth")
+    probe.add_argument("--threads", type=int, default=1, help="torch threads")
+    out = ap.add_argument_group("output")
+    out.add_argument("--out", help="write the rows as JSON to this path")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Probe each run and print the table; ``--out`` writes the rows as JSON."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = [r for run in args.runs for r in signals(run, [int(d) for d in args.depths.split(",")], args.n)]
     print("| seed | signal | rule | depth | halting (%) | oracle (%) | gap (pts) | R − R* | never halted (%) |")

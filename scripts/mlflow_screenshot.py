@@ -44,20 +44,33 @@ SHORT_HEIGHT = 1000
 """Viewport height of the experiment page and the chart (the comparison view is taller)."""
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """This script's argument parser, built without running anything (grouped flags, one example)."""
+    p = argparse.ArgumentParser(
+        prog="python scripts/mlflow_screenshot.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Save PNG screenshots of MLflow's views of a finished sweep (needs Debian's chromium).",
+        epilog="Saves the runs table, the comparison view of the sweep's trials and the acc_by_depth chart.\n"
+               "\nexample:\n  python scripts/mlflow_screenshot.py --storage runs/backbone_scaling")
+    store = p.add_argument_group("which sweep")
+    store.add_argument("--storage", default=None, help="the sweep's --storage (default runs/<sweep>)")
+    store.add_argument("--backend-store-uri", default=None, help="default: sqlite:///<storage>/mlflow.db")
+    store.add_argument("--artifacts", default=None,
+                       help="artifact directory the server serves (default <storage>/mlartifacts)")
+    store.add_argument("--sweep", default="backbone_scaling", help="sweep name (experiment par_ray/<sweep>)")
+    store.add_argument("--parent-run", default=None,
+                       help="the sweep's parent run id (default: the newest sweep run)")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", default=None,
+                     help="PNG path of the comparison view (default <storage>/screenshots/<sweep>_compare.png); the "
+                          "experiment page and the acc_by_depth chart go beside it as <stem>_experiment.png and "
+                          "<stem>_acc_by_depth.png")
+    out.add_argument("--chromium", default=None, help="browser binary (default: chromium on PATH)")
+    return p
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--storage", default=None, help="the sweep's --storage (default runs/<sweep>)")
-    p.add_argument("--backend-store-uri", default=None, help="default: sqlite:///<storage>/mlflow.db")
-    p.add_argument("--artifacts", default=None,
-                   help="artifact directory the server serves (default <storage>/mlartifacts)")
-    p.add_argument("--sweep", default="backbone_scaling", help="sweep name (experiment par_ray/<sweep>)")
-    p.add_argument("--parent-run", default=None, help="the sweep's parent run id (default: the newest sweep run)")
-    p.add_argument("--out", default=None,
-                   help="PNG path of the comparison view (default <storage>/screenshots/<sweep>_compare.png); the "
-                        "experiment page and the acc_by_depth chart go beside it as <stem>_experiment.png and "
-                        "<stem>_acc_by_depth.png")
-    p.add_argument("--chromium", default=None, help="browser binary (default: chromium on PATH)")
-    return p.parse_args(argv)
+    """Parse this script's flags (:func:`build_parser`)."""
+    return build_parser().parse_args(argv)
 
 
 def compare_url(server: str, sweep: str, parent_run: str | None) -> tuple[str, list[str], list[str], str, str]:

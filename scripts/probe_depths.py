@@ -24,17 +24,31 @@ from par_ray.train.checkpoint import load_trained, trained_task
 from par_ray.trial import resolve
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("run")
-    p.add_argument("--max-depth", type=int, default=32)
-    p.add_argument("--iteration-depth", type=int, default=16)
-    p.add_argument("-n", type=int, default=256)
-    p.add_argument("--slack", default="",
-                   help="comma-separated factors f (e.g. 1,1.5,2,3): also print full-state accuracy after R = f·⌈d/c⌉ "
-                        "iterations at depths d_train × 1, 2, 3, 4, 6, 8 (test-time slack: does the model compute "
-                        "the right answer with more iterations than operations?)")
-    args = p.parse_args()
+def build_parser() -> argparse.ArgumentParser:
+    """This script's argument parser, built without running anything (grouped flags, one example)."""
+    p = argparse.ArgumentParser(
+        prog="python scripts/probe_depths.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Probe a trained model: accuracy at every depth, and at every iteration at one depth.",
+        epilog="Prints the depth curve, the per-iteration accuracy and a diagnosis line: does the model fail\n"
+               "on prompt length or on iteration count?\n"
+               "\nexample:\n  python scripts/probe_depths.py runs/par-s0 --max-depth 32")
+    p.add_argument("run", help="run directory of python -m par_ray.train, or any checkpoint directory")
+    probe = p.add_argument_group("what to probe")
+    probe.add_argument("--max-depth", type=int, default=32, help="depth curve from 1 to this depth (default 32)")
+    probe.add_argument("--iteration-depth", type=int, default=16,
+                       help="the depth whose per-iteration accuracy is shown (default 16)")
+    probe.add_argument("-n", type=int, default=256, help="sequences per depth (default 256)")
+    probe.add_argument("--slack", default="",
+                       help="comma-separated factors f (e.g. 1,1.5,2,3): also print full-state accuracy after R = "
+                            "f·⌈d/c⌉ iterations at depths d_train × 1, 2, 3, 4, 6, 8 (test-time slack: does the "
+                            "model compute the right answer with more iterations than operations?)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Load the run's final model and print the probe's tables."""
+    p = build_parser()
+    args = p.parse_args(argv)
     trained = load_trained(args.run)
     cfg, model = trained.config, trained.model
     task = trained_task(cfg)  # the prompts as training rendered them (pretrained parent: its tokenizer's words)

@@ -275,3 +275,53 @@ def test_fine_grid_main_table_shows_the_power_of_two_columns_and_the_interpolate
     mean = sum(want) / 2 / 4
     assert r[tables.G_INTERP].startswith(f"{mean:.2f} ± ")
     assert any(n.startswith(tables.G_INTERP) for n in t.notes) and any("Fine grid" in n for n in t.notes)
+
+
+def _interval_metrics(lo, hi, ilo, ihi, hi_censored=False, stopping="") -> dict:
+    infix = f"_{stopping}" if stopping else ""
+    out = {f"G{infix}_lo": lo, f"G{infix}_hi": hi, f"G{infix}_interp_lo": ilo, f"G{infix}_interp_hi": ihi,
+           f"G{infix}_hi_censored": float(hi_censored), f"d50{infix}_lo": lo * 4}
+    return out
+
+
+def test_g_intervals_table_shows_each_trial_beside_the_seed_spread():
+    """Issue 37: each trial's G and interpolated G with the 95 % intervals it logged, then the configuration's seed
+    spread (mean ± std) beside the intervals' mean width; a trial without an interval is left out of it."""
+    records = [
+        _record(0, "par", "swap_s5", 0, 4, {**_acc(SWAP, (1.0, 0.9, 0.4, 0.1)), **_interval_metrics(1.5, 2.0, 1.6, 1.9)}),
+        _record(1, "par", "swap_s5", 1, 4, {**_acc(SWAP, (1.0, 0.9, 0.8, 0.6)),
+                                            **_interval_metrics(4.0, 8.0, 6.5, 8.0, hi_censored=True)}),
+        _record(2, "untied", "swap_s5", 0, 4, _acc(SWAP, (1.0, 0.2, 0.0, 0.0))),  # logged no interval
+    ]
+    summary = _summary(records)
+    per_trial = summary.intervals
+    assert per_trial.get_column("run_id").to_list() == ["r0", "r1"]
+    r1 = _row(per_trial, run_id="r1")
+    assert r1["censored"] and r1["G"] == 8.0 and r1["G_hi_censored"] and not r1["G_lo_censored"]
+    spread = _row(summary.interval_spread, recipe="par")
+    assert spread["n"] == 2 and spread["G_mean"] == pytest.approx((4.0 + 8.0) / 2)  # G recomputed: 16/4, ≥ 32/4
+    assert spread["G_width_mean"] == pytest.approx((0.5 + 4.0) / 2) and spread["lower_bound"]
+    t = tables.interval_results(summary)
+    assert t.frame.columns == ["recipe", "backbone", "seed", "G", tables.G_INTERVAL, tables.G_INTERP,
+                               tables.G_INTERP_INTERVAL]
+    assert t.frame.drop("recipe", "backbone").rows() == [
+        ("0", "4.00", "[1.50, 2.00]", f"{_row(per_trial, run_id='r0')['G_interp']:.2f}", "[1.60, 1.90]"),
+        ("1", "≥ 8.00", "[4.00, ≥ 8.00]", "≥ 8.00", "[6.50, ≥ 8.00]"),
+        (tables.SEEDS_ROW, "≥ 6.00 ± 2.83 (2)", "width ≥ 2.25", t.frame.item(2, 5), "width ≥ 0.90"),
+    ]
+    assert "G_intervals" in [x.name for x in tables.build_tables(summary)]
+    # no interval logged anywhere: no table
+    assert tables.interval_results(_summary(records[2:])) is None
+
+
+def test_g_intervals_of_a_halting_trial_have_a_row_per_stopping():
+    m = {**_acc(SWAP, (1.0, 0.9, 0.4, 0.1)), **_interval_metrics(1.5, 2.0, 1.6, 1.9),
+         **{f"halt_acc_d{d}": a for d, a in zip(SWAP, (1.0, 0.8, 0.3, 0.0))},
+         **{f"best_acc_d{d}": a for d, a in zip(SWAP, (1.0, 0.95, 0.6, 0.2))},
+         **_interval_metrics(1.0, 2.0, 1.2, 1.8, stopping="halt"), **_interval_metrics(2.0, 4.0, 2.5, 3.5,
+                                                                                       stopping="best")}
+    summary = _summary([_record(0, "par_halt", "swap_s5", 0, 4, m)])
+    assert summary.intervals.get_column("stopping").to_list() == list(aggregate.STOPPINGS)
+    t = tables.interval_results(summary)
+    assert "stopping" in t.frame.columns and t.frame.height == 6  # a trial row and a seeds row per stopping
+    assert _row(t.frame, stopping=aggregate.BEST_R, seed="0")[tables.G_INTERVAL] == "[2.00, 4.00]"

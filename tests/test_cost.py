@@ -58,7 +58,8 @@ def _engine(cfg):
 def _tiny(name: str):
     cfg = family(name, local_trial())
     return validate(with_overrides(cfg, train=dict(batch_size=4), backbone=dict(attn_implementation="eager"),
-                                   eval=dict(depths=(6, 12), num_sequences=8, batch_size=8)))
+                                   eval=dict(depths=(6, 12), num_sequences=8, batch_size=8, bracket_max_sequences=24,
+                                             bracket_min_sequences=16, bracket_block=8)))
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -95,9 +96,14 @@ def test_evaluation_flops_match_the_counter_on_tiny_qwen2(name):
     engine, task = _engine(cfg)
     halt = halt_tokens(task) if resolve(cfg).halting else None  # random-init: compact ids
     with FlopCounterMode(display=False) as counter:
-        eval_metrics(engine, task, cfg, cfg.recipe, halt)  # accuracy (or CoT decoding), halting, probe
-    planned = cost.eval_flops(cfg, cfg.recipe, cost.trial_shape(cfg))
+        m = eval_metrics(engine, task, cfg, cfg.recipe, halt)  # accuracy (or CoT decoding), halting, probe
+    # adaptive sampling added blocks near the crossing (at least eval.bracket_min_sequences there): those it added
+    added = {d: round(m[f"sequences_d{d}"]) - cfg.eval.sequences_at(d) for d in cfg.eval.depths}
+    assert sum(added.values()) >= 8
+    planned = cost.eval_flops(cfg, cfg.recipe, cost.trial_shape(cfg), added=added)
     assert close(planned, counter.get_total_flops()), (name, planned, counter.get_total_flops())
+    # the plan (no run to read): the worst case adaptive sampling allows, never less than what ran
+    assert cost.eval_flops(cfg, cfg.recipe, cost.trial_shape(cfg)) >= counter.get_total_flops()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -184,6 +190,18 @@ def test_step_expectation_follows_the_schedules_draws():
         assert sum(R * p for R, p in pmf.items()) == pytest.approx(1 + cfg.recipe.hold_lambda, rel=1e-3)
     forced = cost._schedule(cfg.task, local_trial().recipe)
     assert all(pmf == {d: 1.0} for d, pmf in forced)  # c = 1: R = d
+
+
+def test_the_plan_charges_adaptive_sampling_its_worst_case():
+    from par_ray.config import EvalConfig
+
+    ev = EvalConfig(depths=(16, 20, 32, 64), num_sequences=128, num_sequences_fine=32, bracket_max_sequences=512,
+                    bracket_block=128)
+    per_sequence = {16: 1.0, 20: 1.5, 32: 4.0, 64: 16.0}
+    # 2 × 512 / 128 = 8 blocks, costliest depths first: 64 and 32 take (512 − 128) / 128 = 3 each, 20 (a fine depth:
+    # 32 in the first pass, room for 3) the last 2
+    assert cost.bracket_worst_case(ev, per_sequence) == {64: 384, 32: 384, 20: 256}
+    assert cost.bracket_worst_case(EvalConfig(depths=(16,)), {16: 1.0}) == {}  # off
 
 
 def test_trial_flops_add_stages_and_evaluations():

@@ -542,6 +542,8 @@ def test_the_loops_evaluation_logs_the_pending_signal_only_with_dense_pending(de
     # G of each stopping: R = ⌈d/c⌉ (G), own halting (G_halt), the best fixed R (G_best), each from its own curve
     for stopping, curve in (("", "acc_d3"), ("_halt", "halt_acc_d3"), ("_best", "best_acc_d3")):
         assert {f"G{stopping}", f"G{stopping}_interp", f"G{stopping}_censored"} <= set(m)
+        # and its 95 % interval (a bootstrap over the test sequences, issue 37)
+        assert m[f"G{stopping}_lo"] <= m[f"G{stopping}_hi"] and f"G{stopping}_hi_censored" in m
         below = m[curve] < (m["chance"] + 1) / 2  # one test depth: G = 1 when below the midpoint, else ≥ 1
         assert (m[f"G{stopping}"], m[f"G{stopping}_censored"]) == (1.0, 0.0 if below else 1.0)
     assert m["best_acc_d3"] >= m["oracle_acc_d3"]  # R = ⌈d/c⌉ is one of the R the best is taken over

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, from_flat, to_flat
-from par_ray.model.looped import build_looped
+from par_ray.model.looped import LoopedLM, build_looped
 from par_ray.schedules import curriculum_depth, noise_seed, plan_step, supervised_iterations
 from par_ray.tasks import build_task
 from par_ray.train.step import build_step_loss, train_step
@@ -141,22 +141,32 @@ def test_read_every_supervises_every_nth_window_iteration_counted_from_the_done_
     assert supervised_iterations(RecipeConfig(supervise="last", fixed_iterations=4), 4, 9) == (4,)
 
 
-def test_a_step_with_read_every_reads_out_only_those_iterations():
+def test_a_step_with_read_every_reads_out_only_those_iterations(monkeypatch):
     """The forward reads (and the loss supervises) the iterations :func:`supervised_iterations` names, nothing else:
-    the step's profile counts one ``par_ray.readout`` per read iteration, and the loss is finite and reproducible."""
+    the step reads them out together, in one ``par_ray.readout`` over exactly those iterations' stacked states, and
+    the loss is finite and reproducible."""
     task_cfg = TaskConfig(train_depth=6, min_train_depth=6)
     recipe = RecipeConfig(dense_targets=True, dense_pending=True, grad_window=6, read_every=2,
                           fixed_point_weight=1.0)
+    stacked = []
+    read_stacked = LoopedLM._read_stacked
+
+    def spy(self, states, *args, **kwargs):
+        stacked.append(len(states))
+        return read_stacked(self, states, *args, **kwargs)
+
+    monkeypatch.setattr(LoopedLM, "_read_stacked", spy)
 
     def run():
+        stacked.clear()
         step = _fresh_steps(task_cfg, recipe)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             result = step(0)
         reads = sum(e.count for e in prof.key_averages() if e.key == "par_ray.readout")
-        return result, reads
+        return result, reads, list(stacked)
 
-    (first, reads), (again, _) = run(), run()
-    assert first.plan.R == 6 and reads == len(supervised_iterations(recipe, 6, 6)) == 3
+    (first, reads, stacked_first), (again, _, _) = run(), run()
+    assert first.plan.R == 6 and reads == 1 and stacked_first == [len(supervised_iterations(recipe, 6, 6))] == [3]
     assert math.isfinite(first.loss) and first.loss == again.loss
 
 
@@ -194,7 +204,8 @@ def test_iterations_before_the_gradient_window_are_labelled_for_the_profiler():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         model.iterate(ids, torch.arange(8), 5, grad_window=2)
     counts = {e.key: e.count for e in prof.key_averages() if e.key.startswith("par_ray.")}
-    assert counts == {"par_ray.prelude": 1, "par_ray.core_no_grad": 3, "par_ray.core_grad": 2, "par_ray.readout": 2}
+    # the two window iterations are read out together: one read-out call over their stacked states
+    assert counts == {"par_ray.prelude": 1, "par_ray.core_no_grad": 3, "par_ray.core_grad": 2, "par_ray.readout": 1}
 
 
 def test_the_cost_plan_follows_the_curriculum_and_the_progressive_cut():

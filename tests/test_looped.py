@@ -1,10 +1,12 @@
-"""LoopedLM: R=1 parity with the parent, anchoring, gradient window, splits, untied baseline."""
+"""LoopedLM: R=1 parity with the parent, anchoring, gradient window, splits, untied baseline, batched read-out."""
+
+import types
 
 import pytest
 import torch
 
 from par_ray.model import backbones
-from par_ray.model.backbones import ATTN_IMPLEMENTATIONS, run_decoder_layer
+from par_ray.model.backbones import ATTN_IMPLEMENTATIONS, causal_mask, run_decoder_layer
 from par_ray.model.looped import LoopedLM, default_split, token_rms
 
 FAMILIES = ["tiny-qwen2", "tiny-qwen3"]
@@ -43,19 +45,24 @@ def test_bad_split_raises_naming_field(split):
         LoopedLM(_parent("tiny-qwen2"), split=split)
 
 
-def _state_rms_per_iteration(looped, ids, R):
-    """Hook the per-iteration states by reading them out of a patched readout."""
+def _states_per_iteration(looped, ids, R):
+    """Every iteration's state s_1..s_R, (B, T, H) each, as :meth:`LoopedLM.iterate` hands them to the read-out.
+
+    With autograd on, ``read="all"`` reads every iteration out together after the loop, in one
+    :meth:`LoopedLM._read_stacked` over the list of states; the spy keeps that list (the states themselves, in the
+    autograd graph, not slices of their stack)."""
     states = []
-    orig = looped.readout
+    orig = looped._read_stacked
 
-    def spy(state, reads, pos, mask):
-        states.append(state)
-        return orig(state, reads, pos, mask)
+    def spy(states_K, reads, pos):
+        states.extend(states_K)
+        return orig(states_K, reads, pos)
 
-    looped.readout = spy
-    looped.iterate(ids, torch.arange(ids.shape[1]), R=R, read="all")
-    looped.readout = orig
-    return states
+    looped._read_stacked = spy
+    out = looped.iterate(ids, torch.arange(ids.shape[1]), R=R, read="all")
+    del looped._read_stacked
+    assert len(states) == R, "every iteration's state reaches the read-out"
+    return states, out
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -64,35 +71,25 @@ def test_anchoring_keeps_every_token_at_first_iteration_rms(name):
     with torch.no_grad():  # make the adapter non-trivial so the states really drift without anchoring
         looped.adapter.weight.add_(0.3 * torch.randn_like(looped.adapter.weight))
     ids = torch.randint(0, 32, (2, 9))
-    states = _state_rms_per_iteration(looped, ids, R=6)
+    states, _ = _states_per_iteration(looped, ids, R=6)
     ref = token_rms(states[0])
     for s in states[1:]:
         assert ((token_rms(s) - ref).abs() / ref).max().item() <= 1e-5
     free = LoopedLM(_parent(name), anchoring=False)
     free.adapter.load_state_dict(looped.adapter.state_dict())
-    drift = _state_rms_per_iteration(free, ids, R=6)
+    drift, _ = _states_per_iteration(free, ids, R=6)
     assert ((token_rms(drift[-1]) - token_rms(drift[0])).abs() / token_rms(drift[0])).max().item() > 1e-3
 
 
 def test_no_gradient_flows_through_anchoring_reference():
     looped = LoopedLM(_parent("tiny-qwen2"), anchoring=True)
     ids = torch.randint(0, 32, (2, 7))
-    reads = torch.tensor([6])
-    captured = {}
-    orig = looped.readout
-
-    def spy(state, r, pos, mask):
-        captured.setdefault("s", []).append(state)
-        return orig(state, r, pos, mask)
-
-    looped.readout = spy
-    out = looped.iterate(ids, reads, R=3, read="all")
-    s1, s3 = captured["s"][0], captured["s"][2]
+    (s1, _, s3), out = _states_per_iteration(looped, ids, R=3)
     # d s3 / d s1: with the reference detached, s3 depends on s1 only through the recurrence input, so the gradient of
     # ||s3 rms|| wrt s1 through the reference is zero: rescaled rms equals the detached ref exactly.
     g = torch.autograd.grad(token_rms(s3).sum(), s1, allow_unused=True)[0]
     assert g is None or g.abs().max().item() < 1e-6
-    assert out.logits_KBQV.shape == (3, 2, 1, 32)
+    assert out.logits_KBQV.shape == (3, 2, 7, 32)
 
 
 def test_gradient_window_runs_earlier_iterations_without_grad():
@@ -180,3 +177,60 @@ def test_iterate_logits_equal_full_coda_readout(name):
         looped.readout = lambda s, r, pos, mask: _full_coda_readout(looped, s, r, pos, mask)
         want = looped.iterate(ids_BT, reads_Q, R=4, read="all").logits_KBQV
     assert (got - want).abs().max().item() <= 1e-5
+
+
+def _read_one_by_one(self, states, read_positions_Q, pos):
+    """The reference read-out of the window's states: one ``readout`` call per iteration, with the coda mask
+    ``iterate`` builds for B sequences."""
+    mask = self._local(causal_mask(self.config, states[0]), states[0], self.coda_window)
+    return torch.stack([self.readout(s_BTH, read_positions_Q, pos, mask) for s_BTH in states])
+
+
+@pytest.mark.parametrize("attn", ATTN_IMPLEMENTATIONS)
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("coda_window", [0, 3])
+def test_batched_readout_equals_one_readout_per_iteration(name, attn, coda_window):
+    """``iterate`` reads its K iterations out in one coda call over the K·B stacked states (``_read_stacked``): the
+    logits, and the gradients of the state-change output and of every parameter, equal one read-out per iteration,
+    beside read-outs of iterations before the gradient window (read="all", R = 5, window 2: iterations 1-3 read out
+    without autograd as they run, 4-5 in one call), with and without a coda window. Float32, 1e-5."""
+    def run(one_by_one: bool):
+        torch.manual_seed(0)
+        looped = LoopedLM(_parent(name, attn=attn), coda_window=coda_window, attention_window=2, adapter_alpha=0.1)
+        if one_by_one:
+            looped._read_stacked = types.MethodType(_read_one_by_one, looped)
+        gen = torch.Generator().manual_seed(7)
+        ids_BT = torch.randint(0, 32, (3, 11), generator=gen)
+        out = looped.iterate(ids_BT, torch.tensor([10, 3, 7]), R=5, grad_window=2, read="all", state_change=True)
+        weights_KBQV = torch.randn(out.logits_KBQV.shape, generator=gen)
+        ((out.logits_KBQV * weights_KBQV).sum() + out.state_change_KBT.sum()).backward()
+        return out, {n: p.grad for n, p in looped.named_parameters()}
+
+    got, got_grads = run(False)
+    want, want_grads = run(True)
+    assert got.iterations == want.iterations == [1, 2, 3, 4, 5]
+    assert (got.logits_KBQV - want.logits_KBQV).abs().max().item() <= 1e-5
+    for n, want_grad in want_grads.items():
+        assert (want_grad is None) == (got_grads[n] is None), n
+        if want_grad is not None:
+            assert (got_grads[n] - want_grad).abs().max().item() <= 1e-5, n
+
+
+def test_only_read_outs_with_autograd_are_batched():
+    """Read-outs without autograd (evaluation, the iterations before the gradient window) and with ``reduce`` (the
+    probe, halting) run as soon as their iteration exists, one (B, T, H) state at a time; the gradient window's run
+    after the loop as one call over the stacked states, after the earlier ones, so rows keep the iterations' order."""
+    looped = LoopedLM(_parent("tiny-qwen2"))
+    batches, readout = [], looped.readout
+    looped.readout = lambda s, *args: batches.append(s.shape[0]) or readout(s, *args)
+    ids_BT, reads_Q = torch.randint(0, 32, (2, 9)), torch.tensor([8])
+    with torch.no_grad():
+        out = looped.iterate(ids_BT, reads_Q, R=4, read="all", reduce=lambda k, logits_BQV: logits_BQV[..., 0])
+        assert out.reduced_K.shape == (4, 2, 1) and batches == [2, 2, 2, 2]
+        batches.clear()
+        want = looped.iterate(ids_BT, reads_Q, R=4, read="all").logits_KBQV
+        assert batches == [2, 2, 2, 2]
+    batches.clear()
+    got = looped.iterate(ids_BT, reads_Q, R=4, grad_window=2, read="all").logits_KBQV
+    assert batches == [2, 2, 4]  # iterations 1, 2 without autograd, then 3 and 4 in one call over 2 × 2 states
+    assert got.shape == want.shape == (4, 2, 1, 32) and (got - want).abs().max().item() <= 1e-5

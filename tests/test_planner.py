@@ -332,3 +332,16 @@ def test_evaluation_plan_streams_halting_and_keeps_the_training_state():
     assert longer.halting - ev.halting == 1024 * 3 * 128 * 4
     plain = plan_evaluation(paper_trial("qwen2.5-0.5b"))
     assert plain.halting == plain.stacked_halting == 0 and plain.probe > 0
+
+
+def test_the_batched_read_out_is_planned_at_k_times_the_batch():
+    """The window's K read-outs run as one batch of K·B sequences (``LoopedLM._read_stacked``): backward's largest
+    activation gradients are the coda's at K·B (its workspace grows by 2·max(B·T·I·b, B·n_q·T²·4) per read-out
+    beside the logits' gradients). The measured peaks (``test_plan_is_within_10_percent_of_the_measured_peak``) run
+    the batched read-out too."""
+    B, T, Q = 4, 64, 5
+    shape = planner.model_shape("tiny-qwen2")
+    plans = {w: planner.plan("tiny-qwen2", "ddp", 1, R=8, grad_window=w, micro_batch=B, seq_len=T, dtype="fp32",
+                             read_positions=Q) for w in (2, 4)}
+    largest = max(B * T * shape.intermediate * 4, B * shape.heads * T * T * 4)
+    assert plans[4].backward_workspace - plans[2].backward_workspace == 2 * B * Q * shape.vocab * 8 + 2 * 2 * largest

@@ -3,7 +3,7 @@
 through ``backbone.pretrained=DIR``, the path a hub checkpoint takes (``backbones.load`` → ``load_checkpoint``).
 
 Full form only (``PAR_RAY_FULL=1``): each case needs several GB of RAM and minutes on 2 cores. Each prints its time
-per step and peak memory (``pytest -s``) for the README's performance section, and holds the memory planner's terms
+per step and peak memory (``pytest -s``) for docs/performance.md, and holds the memory planner's terms
 (``par_ray.planner.plan_trial``: parameters, AdamW state, the step's peak) against what the step really allocated
 (``benchmarks/bench_memory.py``'s measurement: live tensor storages, then the CPU allocator's peak during a step).
 Run one size per process (``-k qwen2.5`` / ``-k qwen3``): peak RSS is the process's.

@@ -195,6 +195,29 @@ def test_compiled_layers_train_like_eager_and_share_checkpoints(fresh_dynamo, tm
     check_compiled_matches_eager(tmp_path)
 
 
+def test_batched_readout_compiles_once_for_any_number_of_read_outs(fresh_dynamo):
+    """The batched read-out runs the coda on K·B stacked states, and K changes from step to step (R, the window,
+    ``read_every``). Layers compile with dynamic shapes (``compile_layers``), so after a first step that uses every
+    layer variant (no-grad and grad core iterations, a read-out with autograd) the other K add no graph, no
+    recompile and no graph break (``aot_eager``, which traces as inductor would)."""
+    torch.manual_seed(0)
+    model = strategies.compile_layers(build_looped(BackboneConfig(), RECIPE, vocab_size=32), backend="aot_eager")
+    ids_BT, reads_Q = torch.randint(0, 32, (4, 10)), torch.tensor([9, 5])
+
+    def step(R: int, window: int) -> int:
+        out = model(ids_BT, reads_Q, R, window)
+        out.logits_KBQV.sum().backward()
+        return out.logits_KBQV.shape[0]
+
+    assert step(R=3, window=2) == 2
+    graphs, compiles = counters["stats"]["unique_graphs"], counters["frames"]["total"]
+    assert graphs >= 2
+    assert [step(R, window) for R, window in ((5, 3), (6, 4), (2, 1), (7, 5))] == [3, 4, 1, 5]
+    # frames.total counts dynamo's compile attempts, i.e. cache misses: a recompile would add one
+    assert (counters["stats"]["unique_graphs"], counters["frames"]["total"]) == (graphs, compiles)
+    assert not counters["graph_break"]
+
+
 @pytest.mark.full_only
 def test_inductor_compiled_layers_train_like_eager_and_share_checkpoints(fresh_dynamo, tmp_path):
     """The real compile (inductor's generated kernels): ~90 s of CPU on a cold compile cache on 2 cores, ~10x the

@@ -259,6 +259,11 @@ def test_search_metric_is_checked():
     assert sweep.build_plan(spec, Options(metric="acc_longest"), "local").metric == "acc_d48"
     assert sweep.build_plan(spec, Options(metric="loss"), "local").metric == "loss"
     assert sweep.build_plan(spec, Options(metric="G_interp"), "local").metric == "G_interp"  # reported beside G
+    assert sweep.build_plan(spec, Options(metric="G_interp_lo"), "local").metric == "G_interp_lo"  # its lower bound
+    no_interval = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)},
+                            overrides={**ok, "eval.bootstrap_resamples": 0}, search=Search(space=space))
+    with pytest.raises(SweepConfigError, match="--metric: 'G_lo'"):  # not reported without the bootstrap
+        sweep.build_plan(no_interval, Options(metric="G_lo"), "local")
     with pytest.raises(SweepConfigError, match="--metric: 'acc_d1000'"):
         sweep.build_plan(spec, Options(metric="acc_d1000"), "local")
     bad_space = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, overrides=ok,
@@ -313,13 +318,15 @@ def test_summary_counts_finished_failed_and_interrupted_trials(capsys):
     plan = sweep.build_plan(SweepSpec(name="x", seeds=(0,)), Options(smoke_test=True), "local")
     (p0, c0), (p1, _) = plan.trials
     d1, d2 = c0.eval.depths  # the smoke test's two test depths
-    done = {"step": 4, "G": 2.0, "G_censored": 0.0, f"acc_d{d1}": 1.0, f"acc_d{d2}": 0.4, "trial_id": "a"}
+    done = {"step": 4, "G": 2.0, "G_censored": 0.0, f"acc_d{d1}": 1.0, f"acc_d{d2}": 0.4, "trial_id": "a",
+            "G_lo": 1.0, "G_hi": 2.0, "G_hi_censored": 0.0}
     results = [R(metrics=done, config=p0, error=None), R(metrics={"step": 2}, config=p1, error=None),
                R(metrics=None, config=None, error=None), R(metrics={"step": 2}, config=p1, error=RuntimeError("x"))]
     rows, counts = sweep.print_summary(results, plan)
     assert counts == {"finished": 1, "unfinished": 2, "failed": 1}
     assert rows == [{"task": "swap_s5", "recipe": "par", "backbone": c0.backbone.name, "seed": 0, "G": 2.0,
-                     "G_censored": 0.0, f"acc_d{d1}": 1.0, f"acc_d{d2}": 0.4}]
+                     "G_censored": 0.0, "G_lo": 1.0, "G_hi": 2.0, "G_hi_censored": 0.0, f"acc_d{d1}": 1.0,
+                     f"acc_d{d2}": 0.4}]
     assert "trials: 1 finished, 2 unfinished, 1 failed" in capsys.readouterr().out
 
 
@@ -448,10 +455,11 @@ def test_console_is_quiet_by_ray_knobs(monkeypatch):
     grid = sweep.build_plan(_load(ROOT / "sweeps/backbone_scaling.py").SPEC, Options(smoke_test=True), "local")
     reporter = run._reporter(grid)
     assert reporter._parameter_columns == {"backbone.name": "backbone", "train.seed": "seed"}
-    assert list(reporter._metric_columns) == ["step", "loss", "G"]
+    with_intervals = ["step", "loss", "G", "G_lo", "G_hi", "G_interp", "G_interp_lo", "G_interp_hi"]
+    assert list(reporter._metric_columns) == with_intervals  # G and the interpolated G with their 95 % intervals
     search = run._reporter(_search_plan())
     search.setup(metric="G", mode="max")  # what Tune does with TuneConfig's metric and mode: no conflict
-    assert list(search._metric_columns) == ["step", "loss", "G"] and "train.lr" in search._parameter_columns
+    assert list(search._metric_columns) == with_intervals and "train.lr" in search._parameter_columns
 
     calls = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)

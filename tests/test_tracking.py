@@ -53,11 +53,14 @@ def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
     d1, d2 = cfgs["t0"].eval.depths[:2]  # the preset's first two test depths
     final = {"step": 4, "loss": 2.0, "G": 2.0, "G_censored": 1.0, "chance": 1 / 120, f"acc_d{d1}": 0.9,
              f"acc_query_d{d1}": 0.95, f"acc_d{d2}": 0.8, f"acc_query_d{d2}": 0.9,
-             "G_halt": 2.0, "G_halt_censored": 1.0, "G_best": 1.0, "G_best_censored": 0.0, "d50_best": 8.0}
+             "G_halt": 2.0, "G_halt_censored": 1.0, "G_best": 1.0, "G_best_censored": 0.0, "d50_best": 8.0,
+             # 95 % interval (issue 37): the lower bound crossed, the upper one lies past the largest depth
+             "G_lo": 1.5, "G_hi": 2.0, "G_interp_lo": 1.4, "G_interp_hi": 2.0, "G_hi_censored": 1.0, "d50_lo": 12.0,
+             "d50_interp_lo": 11.2}
     for tid, cfg in cfgs.items():
         t.start_trial(tid, cfg, run_name=f"run-{tid}")
-        t.log_metrics(tid, {"step": 2, "loss": 3.0, "d50": 16.0, "d50_halt": 16.0, "done": True, "note": "x"},
-                      step=2)
+        t.log_metrics(tid, {"step": 2, "loss": 3.0, "d50": 16.0, "d50_halt": 16.0, "d50_hi": 16.0, "done": True,
+                            "note": "x"}, step=2)
         t.log_metrics(tid, final, step=4)
         t.finish_trial(tid, cfg, final, "FINISHED")
     t.finish()
@@ -83,6 +86,8 @@ def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
         assert run.data.metrics["d50"] != run.data.metrics["d50"]  # censored at the end: the last d50 is NaN
         assert run.data.metrics["d50_halt"] != run.data.metrics["d50_halt"]  # own halting's, the same
         assert run.data.metrics["d50_best"] == 8.0 and run.data.metrics["G_halt"] == 2.0  # the best R's crossed
+        assert run.data.metrics["d50_hi"] != run.data.metrics["d50_hi"]  # the upper bound censored at the end: NaN
+        assert run.data.metrics["d50_lo"] == 12.0 and run.data.metrics["G_interp_hi"] == 2.0
         assert "done" not in run.data.metrics and "note" not in run.data.metrics
         assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [2, 4]
         assert run.info.status == "FINISHED"
@@ -90,6 +95,7 @@ def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
         assert files == set(ARTIFACTS)
         summary = json.loads(open(client.download_artifacts(run.info.run_id, "accuracy_by_depth.json")).read())
         assert [r["depth"] for r in summary["by_depth"]] == [d1, d2] and summary["G_censored"] is True
+        assert (summary["G_lo"], summary["G_hi"], summary["G_hi_censored"]) == (1.5, 2.0, 1.0)
 
     # A restored sweep: same parent (found by experiment path), same child runs (found by trial id), no duplicates.
     again = tracking.SweepTracker.open("demo", exp_path, uri, params={"seeds": "0,1"})

@@ -1,7 +1,7 @@
 """The single-process trainer: bad input gives one clear error; a short run learns (loss falls) and writes result.json.
 
-The full learning benchmark (≥ 95 % full-state accuracy at d = 8 within 20 minutes) is not a test: see README
-"Results" and docs/experiments.md. This is its short form.
+The full learning benchmark (≥ 95 % full-state accuracy at d = 8 within 20 minutes) is not a test: see
+docs/results.md and docs/experiments.md. This is its short form.
 """
 
 import json
@@ -89,10 +89,13 @@ def test_short_run_learns_and_writes_result(tmp_path):
     assert main(argv) == 0
     result = json.loads((out / "result.json").read_text())
     assert set(result["accuracy_by_depth"]) == {"4", "8"}
-    for key in ("d50", "G", "train_seconds", "config"):
+    for key in ("d50", "G", "train_seconds", "config", "G_interp", "sequences_by_depth"):
         assert key in result
     # the last report's window (steps 41-60): what a benchmark reads as the steady state
     assert result["step_time_s"] > 0 and result["tokens_per_s"] > 0 and result["peak_memory_mb"] > 0
+    # issue 37: G's and the interpolated G's 95 % intervals (a bootstrap, on by default)
+    assert all(lo <= hi for lo, hi in (result["G_interval_95"], result["G_interp_interval_95"]))
+    assert sum(result["sequences_by_depth"].values()) >= 2 * 64  # the first pass, then more near the crossing
     assert result["config"]["task.train_depth"] == 4
     # loss falls well below its start (ln 5 ≈ 1.61 per query at chance, ~3.1 at init over the 23-token vocab)
     assert result["final_loss"] < 1.3

@@ -16,7 +16,8 @@ parent model's forward pass (``tests/test_looped.py`` asserts this in float32).
 The parent's layers are reused, never restated: they are called through ``backbones.run_decoder_layer``. Model code
 never mentions DDP, FSDP or DeepSpeed (STYLE rule 10); wrapping lives in ``par_ray/train/strategies.py``.
 
-Tensor suffixes: B batch, T tokens, H hidden size, Q read positions (queries), V vocabulary, K iterations read out.
+Tensor suffixes: B batch, T tokens, H hidden size, Q read positions (queries), V vocabulary, K iterations read out,
+N = K·B sequences of a batched read-out.
 """
 
 from __future__ import annotations
@@ -261,13 +262,20 @@ class LoopedLM(nn.Module):
                 time, not R of them (halting evaluation at R_max = 1,024 on a 152k vocabulary: 0.47 GB, not 478 GB).
             position_offset: added to every position id before the stretch (training only, ``recipe.position_offset``;
                 0 = the parent's positions).
-            state_noise: σ ≥ 0; after iterations 1..R−1 (after anchoring and the read-out) every token's state gets
-                Gaussian noise of standard deviation σ × its first-iteration RMS before it enters the next iteration,
-                so the core must pull perturbed states back (training only, ``recipe.state_noise``; 0 = off).
+            state_noise: σ ≥ 0; after iterations 1..R−1 (after anchoring; the read-out reads the state before its
+                noise) every token's state gets Gaussian noise of standard deviation σ × its first-iteration RMS
+                before it enters the next iteration, so the core must pull perturbed states back (training only,
+                ``recipe.state_noise``; 0 = off).
             noise_seed: seed of the state noise's generator on the state's device, so a step's noise is a pure
                 function of (trial seed, step) (``None``: torch's global generator).
         Returns: :class:`LoopedOutput` with logits (K, B, Q, V), or with ``reduce`` their reductions.
         Raises: ValueError for R < 1, grad_window < 1, state_noise < 0 or an unknown ``read``.
+
+        Read-outs that run with autograd (the training step's: the gradient window's) run together after the last
+        iteration, as one :meth:`readout` over the K·B stacked states (:meth:`_read_stacked`): one coda call per
+        layer instead of K, the same logits and gradients to float32 round-off. Read-outs without autograd (an
+        evaluation's, iterations before the gradient window) and every read-out with ``reduce`` run as soon as their
+        iteration exists, so an evaluation holds one iteration's read-out at a time.
 
         The prelude, the iterations before the gradient window, those inside it and the read-outs run under the
         ``torch.profiler`` labels ``par_ray.prelude``, ``par_ray.core_no_grad``, ``par_ray.core_grad`` and
@@ -300,6 +308,7 @@ class LoopedLM(nn.Module):
         s_BTH = e_BTH
         ref_rms_BT1 = None
         logits, rms, change = [], [], []
+        batched = []  # states of the read-outs that run with autograd, read out together after the loop
         for k in range(1, R + 1):
             grad_ctx = contextlib.nullcontext() if k >= first_grad else torch.no_grad()
             with grad_ctx:
@@ -315,19 +324,45 @@ class LoopedLM(nn.Module):
                         s_BTH = (s_BTH.float() * (ref_rms_BT1 / token_rms(s_BTH).clamp_min(1e-12))).to(s_BTH.dtype)
                 rms.append(token_rms(s_BTH).mean().detach())
                 if k in to_read:
-                    with record_function("par_ray.readout"):
-                        logits_BQV = self.readout(s_BTH, read_positions_Q, pos, mask)
-                        logits.append(logits_BQV if reduce is None else reduce(k, logits_BQV))
-                    del logits_BQV  # with ``reduce``: freed before the next iteration's read-out
+                    if reduce is None and torch.is_grad_enabled():
+                        batched.append(s_BTH)
+                    else:
+                        with record_function("par_ray.readout"):
+                            logits_BQV = self.readout(s_BTH, read_positions_Q, pos, mask)
+                            logits.append(logits_BQV if reduce is None else reduce(k, logits_BQV))
+                        del logits_BQV  # freed before the next iteration's read-out
                     if state_change:
                         diff_BT = (s_BTH.float() - prev_BTH.float()).pow(2).mean(-1) / ref_rms_BT1[..., 0].pow(2)
                         change.append(diff_BT if k > 1 else torch.zeros_like(diff_BT))
                 if state_noise and k < R:  # the next iteration starts from a perturbed state
                     eps_BTH = torch.randn(s_BTH.shape, generator=noise_gen, device=s_BTH.device, dtype=torch.float32)
                     s_BTH = (s_BTH.float() + state_noise * ref_rms_BT1 * eps_BTH).to(s_BTH.dtype)
-        return LoopedOutput(torch.stack(logits) if reduce is None else None, list(to_read), torch.stack(rms),
-                            torch.stack(change) if state_change else None,
-                            torch.stack(logits) if reduce is not None else None)
+        if reduce is not None:
+            return LoopedOutput(None, list(to_read), torch.stack(rms), torch.stack(change) if state_change else None,
+                                torch.stack(logits))
+        logits_KBQV = torch.stack(logits) if logits else None
+        if batched:  # after any read-out without autograd: those are of earlier iterations (before the window)
+            with record_function("par_ray.readout"):
+                window_KBQV = self._read_stacked(batched, read_positions_Q, pos)
+            logits_KBQV = window_KBQV if logits_KBQV is None else torch.cat([logits_KBQV, window_KBQV])
+        return LoopedOutput(logits_KBQV, list(to_read), torch.stack(rms), torch.stack(change) if state_change else None)
+
+    def _read_stacked(self, states: list[torch.Tensor], read_positions_Q: torch.Tensor, pos) -> torch.Tensor:
+        """The read-outs of K iterations as one :meth:`readout` over their stacked states: K × (B, T, H) ->
+        logits (K, B, Q, V).
+
+        The K states go through the coda as one batch of N = K·B sequences: one call per coda layer and one lm_head
+        matmul instead of K, and every row equals its own :meth:`readout` to float32 round-off, forward and
+        backward (``tests/test_looped.py``, ``tests/test_step.py``). The coda's mask is built for the N rows as
+        :meth:`iterate` builds it for B (the same layout, so compiled layers see the same kind of call, only a
+        larger batch). Backward then runs the K read-outs first, as one batch, and keeps the (K, B, T, H) gradient
+        of the stacked states until the earliest read iteration's backward (``par_ray.planner``).
+        """
+        states_KBTH = states[0][None] if len(states) == 1 else torch.stack(states)
+        states_NTH = states_KBTH.flatten(0, 1)
+        mask = self._local(causal_mask(self.config, states_NTH), states_NTH, self.coda_window)
+        logits_NQV = self.readout(states_NTH, read_positions_Q, pos, mask)
+        return logits_NQV.unflatten(0, states_KBTH.shape[:2])
 
     def decode(self, input_ids_BT: torch.Tensor, cache) -> torch.Tensor:
         """One iteration (R = 1) over new tokens with transformers' KV cache: (B, T) -> next-token logits (B, T, V).

@@ -59,47 +59,72 @@ def _usd(text: str) -> float:
     return value
 
 
-def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Options:
-    """The common flags; argparse exits with status 2 and one line naming the bad flag."""
-    p = argparse.ArgumentParser(prog=f"python sweeps/{spec.name}.py", description=spec.description)
-    p.add_argument("--preset", choices=PRESET_CHOICES, default="auto",
-                   help="auto (default): paper if the Ray cluster has a GPU, else local")
-    p.add_argument("--seeds", type=_ints, default=None, help=f"comma-separated seeds (default {spec.seeds})")
-    p.add_argument("--backbones", type=_backbones, default=None,
-                   help="comma-separated backbone names (default: the preset's)")
-    p.add_argument("--gpu-types", type=_gpu_types, default=(),
-                   help=f"paper preset: the Ray accelerator types trials may run on, cheapest first, e.g. L40S:4,H100 "
-                        f"(TYPE:N = at most N GPUs per trial, one node's worth); each trial takes the first type and "
-                        f"the fewest GPUs its planned memory fits. Types: {', '.join(GPU_MEMORY_GB)}. Default: "
-                        f"{presets.PAPER_GPU_TYPE}. With --preset auto it selects paper")
-    p.add_argument("--model-dir", default=os.environ.get("PAR_RAY_MODEL_DIR") or None, metavar="DIR",
-                   help="paper preset: where the pretrained parents are (default $PAR_RAY_MODEL_DIR, set by "
-                        "cluster/setup_node.sh), looked for before the hub cache ($HF_HOME): "
-                        "DIR/<hub id> (hf download ID --local-dir DIR/ID) or a hub cache (hf download ID --cache-dir "
-                        "DIR); the same path on every node. Nothing is downloaded: a missing backbone is an error "
-                        "before the sweep starts")
-    p.add_argument("--storage", default=None,
-                   help=f"directory or bucket URI for Tune/Train results, the default MLflow store and the analysis "
-                        f"(default {DEFAULT_STORAGE.format(name=spec.name)})")
-    p.add_argument("--mlflow-uri", default=None,
-                   help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<storage>/mlflow.db)")
-    p.add_argument("--dry-run", action="store_true", help="print the trials and resources, then exit")
-    p.add_argument("--resume", action="store_true", help="continue the sweep stored under --storage")
-    p.add_argument("--smoke-test", action="store_true", help="a few steps per trial, tiny evaluation")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", dest="overrides",
-                   help="override a config field of every trial, e.g. --set train.lr=3e-4 (repeatable; recorded in "
-                        "the parent run; --resume must repeat the same ones)")
-    p.add_argument("--prices", default=None, metavar="FILE",
-                   help="device table overrides: a TOML/JSON price file (peaks, MFU, $/node-hour) or the GPU check's "
-                        "JSON (its measured MFU); default: par_ray/hardware.py's table")
-    p.add_argument("--max-usd", type=_usd, default=None, metavar="X",
-                   help="refuse to start (exit 2, nothing started) when the planned on-demand cost of the sweep "
-                        "exceeds X dollars; the dry run prints the plan, then refuses the same way")
+def build_parser(spec: SweepSpec) -> argparse.ArgumentParser:
+    """The argument parser of ``python sweeps/<spec.name>.py``, built without running anything: the common flags in
+    groups, the sweep's one-line description and an example (``tests/test_docs_commands.py`` parses the docs'
+    commands with it)."""
+    dry = f"python sweeps/{spec.name}.py --dry-run"
+    smoke = f"python sweeps/{spec.name}.py --smoke-test --storage runs/smoke"
+    width = len(smoke) + 2
+    p = argparse.ArgumentParser(
+        prog=f"python sweeps/{spec.name}.py", description=spec.description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Without a GPU in the Ray cluster it runs the local preset on CPU. Results, the MLflow store and\n"
+               "the analysis go under --storage; --resume continues an interrupted sweep there.\n"
+               f"\nexamples:\n  {dry:<{width}}# the trials, their resources and cost; starts nothing\n"
+               f"  {smoke:<{width}}# a few steps per trial: the whole pipeline in minutes")
+    what = p.add_argument_group("what to run")
+    what.add_argument("--preset", choices=PRESET_CHOICES, default="auto",
+                      help="auto (default): paper if the Ray cluster has a GPU, else local")
+    what.add_argument("--seeds", type=_ints, default=None,
+                      help=f"comma-separated seeds (default {','.join(map(str, spec.seeds))})")
+    what.add_argument("--backbones", type=_backbones, default=None,
+                      help="comma-separated backbone names (default: the preset's)")
+    what.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", dest="overrides",
+                      help="override a config field of every trial, e.g. --set train.lr=3e-4 (repeatable; recorded "
+                           "in the parent run; --resume must repeat the same ones)")
+    what.add_argument("--smoke-test", action="store_true", help="a few steps per trial, tiny evaluation")
     if spec.search is not None:
-        p.add_argument("--metric", default=None,
-                       help=f"metric to optimize (default {spec.search.metric}): G, G_interp (the interpolated G), "
-                            "acc_longest, acc_d<D>, loss …")
-        p.add_argument("--num-samples", type=int, default=None, help=f"trials (default {spec.search.num_samples})")
+        what.add_argument("--metric", default=None,
+                          help=f"metric to optimize (default {spec.search.metric}): G, G_interp (the interpolated G), "
+                               "G_lo, G_interp_lo (their lower 95 % bounds), acc_longest, acc_d<D>, loss …")
+        what.add_argument("--num-samples", type=int, default=None,
+                          help=f"trials (default {spec.search.num_samples})")
+    where = p.add_argument_group("where the results go")
+    where.add_argument("--storage", default=None,
+                       help=f"directory or bucket URI for Tune/Train results, the default MLflow store and the "
+                            f"analysis (default {DEFAULT_STORAGE.format(name=spec.name)})")
+    where.add_argument("--mlflow-uri", default=None,
+                       help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<storage>/mlflow.db)")
+    where.add_argument("--resume", action="store_true", help="continue the sweep stored under --storage")
+    gpu = p.add_argument_group("GPU cluster (paper preset)")
+    gpu.add_argument("--gpu-types", type=_gpu_types, default=(),
+                     help=f"paper preset: the Ray accelerator types trials may run on, cheapest first, e.g. "
+                          f"L40S:4,H100 (TYPE:N = at most N GPUs per trial, one node's worth); each trial takes the "
+                          f"first type and the fewest GPUs its planned memory fits. Types: {', '.join(GPU_MEMORY_GB)}. "
+                          f"Default: {presets.PAPER_GPU_TYPE}. With --preset auto it selects paper")
+    gpu.add_argument("--model-dir", default=os.environ.get("PAR_RAY_MODEL_DIR") or None, metavar="DIR",
+                     help="paper preset: where the pretrained parents are (default $PAR_RAY_MODEL_DIR, set by "
+                          "cluster/setup_node.sh), looked for before the hub cache ($HF_HOME): "
+                          "DIR/<hub id> (hf download ID --local-dir DIR/ID) or a hub cache (hf download ID --cache-dir "
+                          "DIR); the same path on every node. Nothing is downloaded: a missing backbone is an error "
+                          "before the sweep starts")
+    cost = p.add_argument_group("plan and cost")
+    cost.add_argument("--dry-run", action="store_true",
+                      help="print the trials, their resources, planned memory and cost, then exit")
+    cost.add_argument("--prices", default=None, metavar="FILE",
+                      help="device table overrides: a TOML/JSON price file (peaks, MFU, $/node-hour) or the GPU "
+                           "check's JSON (its measured MFU); default: par_ray/hardware.py's table")
+    cost.add_argument("--max-usd", type=_usd, default=None, metavar="X",
+                      help="refuse to start (exit 2, nothing started) when the planned on-demand cost of the sweep "
+                           "exceeds X dollars; the dry run prints the plan, then refuses the same way")
+    return p
+
+
+def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Options:
+    """The common flags (:func:`build_parser`) → :class:`Options`; argparse exits with status 2 and one line naming
+    the bad flag."""
+    p = build_parser(spec)
     a = p.parse_args(argv)
     if getattr(a, "num_samples", None) is not None and a.num_samples < 1:
         p.error(f"argument --num-samples: must be >= 1, got {a.num_samples}")

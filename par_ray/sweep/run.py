@@ -11,8 +11,8 @@ reused on resume. Workers never log to MLflow. At the end: the trial counts (fin
 ASHA / unfinished), the parent run's status, and ``analysis.analyze`` on the parent run (accuracy by depth and G,
 mean ± std over seeds).
 
-Console output: Tune's status table (its ``CLIReporter``: the varying parameters, step, loss, G and the search
-metric, every :data:`STATUS_EVERY_S`), the training loop's progress line at each report (rank 0), and worker
+Console output: Tune's status table (its ``CLIReporter``: the varying parameters, step, loss, G and the interpolated
+G with their 95 % intervals, and the search metric, every :data:`STATUS_EVERY_S`), the training loop's progress line at each report (rank 0), and worker
 failures (:func:`_failure_lines`). The rest goes to log files in the Ray session directory: Ray Train's INFO lines
 (every report and checkpoint, worker-group starts) to ``logs/train/`` (``LoggingConfig``, ``resources.connect``),
 each trial driver's own output to its Tune working dir, ``artifacts/<run>/<sweep>/working_dirs/trial_<id>/stdout``
@@ -271,7 +271,9 @@ def _reporter(plan: Plan):
     varying = {k: short.get(k, k) for k, v in plan.param_space.items()
                if (isinstance(v, dict) and "grid_search" in v)
                or not isinstance(v, (str, int, float, bool, type(None), dict))}
-    metrics = {k: k for k in ("step", "loss", "G", plan.metric) if k is not None}
+    # G with its 95 % interval, then the interpolated G with its own (par_ray.evaluation.extrapolation_metrics)
+    metrics = {k: k for k in ("step", "loss", "G", "G_lo", "G_hi", "G_interp", "G_interp_lo", "G_interp_hi",
+                              plan.metric) if k is not None}
     return CLIReporter(metric_columns=metrics, parameter_columns=varying, max_report_frequency=STATUS_EVERY_S,
                        print_intermediate_tables=True, max_column_length=24)  # metric, mode: from TuneConfig
 
@@ -631,7 +633,8 @@ def sweep_status(counts: typing.Mapping[str, int]) -> str:
 def print_summary(results, plan: Plan) -> tuple[list[dict[str, typing.Any]], dict[str, int]]:
     """Count the trials by :func:`trial_outcome` and print the counts and, for a search, the best trial.
 
-    Returns (one row per finished trial: ``task, recipe, backbone, seed, G, G_censored, acc_d{D}...``, the counts).
+    Returns (one row per finished trial: ``task, recipe, backbone, seed, G, G_censored``, the 95 % intervals'
+    ``G_lo, G_hi, G_interp, G_interp_lo, G_interp_hi, G_hi_censored`` where logged, ``acc_d{D}...``; the counts).
     """
     rows, counts = [], {}
     for r in results:
@@ -642,6 +645,8 @@ def print_summary(results, plan: Plan) -> tuple[list[dict[str, typing.Any]], dic
             cfg = resolve(r.config, plan.spec.extra_recipes)
             rows.append({"task": cfg.task.name, "recipe": cfg.recipe.name, "backbone": cfg.backbone.name,
                          "seed": cfg.train.seed, "G": float(m["G"]), "G_censored": float(m.get("G_censored", 0.0)),
+                         **{k: float(m[k]) for k in ("G_lo", "G_hi", "G_interp", "G_interp_lo", "G_interp_hi",
+                                                     "G_hi_censored") if k in m},
                          **{depth_metric("acc", d): float(m[depth_metric("acc", d)]) for d in cfg.eval.depths
                             if depth_metric("acc", d) in m}})
     print("\ntrials: " + ", ".join(f"{n} {s}" for s, n in counts.items()))

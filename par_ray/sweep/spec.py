@@ -65,8 +65,9 @@ class Search:
     function of the first grid point's config returning one (e.g. layer splits that depend on the backbone's depth)."""
     metric: str = "G"
     """A reported metric: ``G``, ``G_interp`` (the interpolated G, ``par_ray.evaluation.extrapolation``: continuous
-    where G steps between test depths), ``loss``, ``train_acc``, ``acc_d{D}``, ``acc_query_d{D}`` or
-    ``acc_longest``."""
+    where G steps between test depths), ``G_lo``, ``G_interp_lo`` (their lower 95 % bounds: a G that sampling noise
+    does not explain; with ``eval.bootstrap_resamples`` > 0), ``loss``, ``train_acc``, ``acc_d{D}``,
+    ``acc_query_d{D}`` or ``acc_longest``."""
     mode: str = "max"
     num_samples: int = 8
     """Trials Optuna proposes."""
@@ -400,7 +401,10 @@ def _check_metric(metric: str, mode: str, cfgs: list[TrialConfig]) -> tuple[str,
         if len(depths) != 1:
             raise SweepConfigError(f"--metric acc_longest: trials test different depths {sorted(depths)}")
         metric = depth_metric("acc", max(next(iter(depths))))
-    eval_metrics = {"G", "G_interp"} | {depth_metric(k, d) for ds in depths for d in ds for k in ("acc", "acc_query")}
+    # the lower 95 % bounds (a conservative objective) are in every evaluation's report when every trial bootstraps
+    bounds = {"G_lo", "G_interp_lo"} if all(cfg.eval.bootstrap_resamples for cfg in cfgs) else set()
+    eval_metrics = {"G", "G_interp"} | bounds | {depth_metric(k, d) for ds in depths for d in ds
+                                                 for k in ("acc", "acc_query")}
     allowed = sorted(eval_metrics | {"loss", "train_acc"}) + list(METRIC_ALIASES)
     if metric not in allowed:
         raise SweepConfigError(f"--metric: {metric!r} is not one of {allowed}")

@@ -25,7 +25,7 @@ import time
 
 from par_ray import presets
 from par_ray.config import from_flat, parse_overrides, to_flat
-from par_ray.evaluation import Extrapolation, format_G
+from par_ray.evaluation import extrapolation_from_metrics, format_G, format_interval
 from par_ray.model.registry import BACKBONES
 from par_ray.recipes import apply_recipe
 from par_ray.tracking_schema import depth_metric, g_metric
@@ -41,7 +41,9 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m par_ray.train`` argument parser, built without running anything (its flags in groups, one
+    example in the epilog); ``tests/test_docs_commands.py`` parses the docs' commands with it."""
     from par_ray.config import STRATEGIES
     from par_ray.model.registry import BACKBONES
     from par_ray.recipes import RECIPES
@@ -53,46 +55,57 @@ def parse_args(argv=None) -> argparse.Namespace:
     # Names are listed, not enforced with argparse ``choices``: the config's own validation reports a wrong name as
     # one "error: <field>: ..." line, like every other bad value.
     p = argparse.ArgumentParser(
-        prog="python -m par_ray.train",
-        description="Train one PAR trial (in this process with --workers 1, else on Ray Train workers), print "
-                    "progress, the accuracy-by-depth table and G, and write OUT/result.json.",
-        epilog="Flags left out take the preset's values (--preset, par_ray/presets.py); any other config field: --set. "
-               "Example: "
-               "python -m par_ray.train --backbone tiny-qwen2 --task swap_s5 --recipe par --train-depth 8 "
-               "--steps 4000 --eval-depths 8,16,32,64 --seed 0 --out runs/par-s0")
-    p.add_argument("--preset", default="local", metavar=one_of(presets.PRESETS),
-                   help="the base trial (par_ray/presets.py): local (default; CPU, tiny shapes, d_train 6, float32) or "
-                        "paper (the paper's protocol: pretrained parent from --model-dir or the hub cache, the task's "
-                        "paper depths, bf16 on GPUs, strategy and GPU count by the memory planner)")
-    p.add_argument("--backbone", default=None, metavar=one_of(BACKBONES),
-                   help="parent model shape from the backbone registry (par_ray/model/backbones.py; default "
-                        "tiny-qwen2, the CPU shape, or qwen2.5-0.5b under --preset paper)")
-    p.add_argument("--pretrained", default=None, metavar="DIR",
-                   help="local checkpoint folder to load the parent's weights from (default: random init)")
-    p.add_argument("--model-dir", default=None, metavar="DIR",
-                   help="where a pretrained parent's hub id is looked for before the hub cache ($HF_HOME): DIR/<hub "
-                        "id> or a hub cache (par_ray/weights.py); nothing is downloaded")
-    p.add_argument("--task", default="swap_s5", metavar=one_of(TASKS),
-                   help="state-tracking task (par_ray/tasks/; default swap_s5)")
-    p.add_argument("--recipe", default="par", metavar=one_of(RECIPES),
-                   help="training recipe: PAR or one of its ablations / baselines (table in par_ray/recipes.py; "
-                        "default par)")
-    p.add_argument("--train-depth", type=int, default=None, metavar="D",
-                   help="d_train, the longest composition trained on (default: the CPU preset's)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the CPU preset's)")
-    p.add_argument("--eval-depths", type=_ints, default=None, metavar="D1,D2,...",
-                   help="comma-separated test depths, e.g. 8,16,32,64 (default: the preset's grid at d_train; local: "
-                        "every depth to 2 x d_train, then steps of <= 1.25 x to 8 x d_train)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="trial seed, a non-negative integer: model init, training batches and the per-step depth and "
-                        "iteration draws (the test sets use eval.seed); default 0")
-    p.add_argument("--workers", type=int, default=1, help=">1 starts Ray workers (DDP etc.); 1 = this process")
-    p.add_argument("--strategy", default=None, metavar=one_of(STRATEGIES),
-                   help="data-parallel wrapping with --workers > 1 (default ddp)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override any config field, e.g. --set train.lr=3e-4 (repeatable)")
-    p.add_argument("--out", default="runs/train", help="output directory (result.json, checkpoints)")
-    return p.parse_args(argv)
+        prog="python -m par_ray.train", formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="%(prog)s [--backbone NAME] [--task NAME] [--recipe NAME] [--set SECTION.FIELD=VALUE] [options]",
+        description="Train one looped model (one PAR trial) and print its accuracy by test depth and G.",
+        epilog="Prints progress lines, then the accuracy-by-depth table and G; writes OUT/result.json and the\n"
+               "model OUT/final/. Flags left out take the preset's values (par_ray/presets.py); any other config\n"
+               "field: --set SECTION.FIELD=VALUE. The same command with the same --out continues an interrupted run.\n"
+               "\nexample (12 minutes on 2 cores):\n"
+               "  python -m par_ray.train --backbone tiny-qwen2 --task swap_s5 --recipe par --train-depth 8 \\\n"
+               "      --steps 4000 --eval-depths 8,16,32,64 --seed 0 --out runs/par-s0")
+    what = p.add_argument_group("what to train")
+    what.add_argument("--preset", default="local", metavar=one_of(presets.PRESETS),
+                      help="the base trial (par_ray/presets.py): local (default; CPU, tiny shapes, d_train 6, float32) "
+                           "or paper (the paper's protocol: pretrained parent from --model-dir or the hub cache, the "
+                           "task's paper depths, bf16 on GPUs, strategy and GPU count by the memory planner)")
+    what.add_argument("--backbone", default=None, metavar=one_of(BACKBONES),
+                      help="parent model shape from the backbone registry (par_ray/model/backbones.py; default "
+                           "tiny-qwen2, the CPU shape, or qwen2.5-0.5b under --preset paper)")
+    what.add_argument("--task", default="swap_s5", metavar=one_of(TASKS),
+                      help="state-tracking task (par_ray/tasks/; default swap_s5)")
+    what.add_argument("--recipe", default="par", metavar=one_of(RECIPES),
+                      help="training recipe: PAR or one of its ablations / baselines (table in par_ray/recipes.py; "
+                           "default par)")
+    what.add_argument("--seed", type=int, default=0,
+                      help="trial seed, a non-negative integer: model init, training batches and the per-step depth "
+                           "and iteration draws (the test sets use eval.seed); default 0")
+    what.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                      help="override any config field, e.g. --set train.lr=3e-4 (repeatable)")
+    length = p.add_argument_group("training length and test depths")
+    length.add_argument("--train-depth", type=int, default=None, metavar="D",
+                        help="d_train, the longest composition trained on (default: the CPU preset's)")
+    length.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the CPU preset's)")
+    length.add_argument("--eval-depths", type=_ints, default=None, metavar="D1,D2,...",
+                        help="comma-separated test depths, e.g. 8,16,32,64 (default: the preset's grid at d_train; "
+                             "local: every depth to 2 x d_train, then steps of <= 1.25 x to 8 x d_train)")
+    weights = p.add_argument_group("pretrained weights (nothing is downloaded)")
+    weights.add_argument("--pretrained", default=None, metavar="DIR",
+                         help="local checkpoint folder to load the parent's weights from (default: random init)")
+    weights.add_argument("--model-dir", default=None, metavar="DIR",
+                         help="where a pretrained parent's hub id is looked for before the hub cache ($HF_HOME): "
+                              "DIR/<hub id> or a hub cache (par_ray/weights.py)")
+    scale = p.add_argument_group("workers and output")
+    scale.add_argument("--workers", type=int, default=1, help=">1 starts Ray workers (DDP etc.); 1 = this process")
+    scale.add_argument("--strategy", default=None, metavar=one_of(STRATEGIES),
+                       help="data-parallel wrapping with --workers > 1 (default ddp)")
+    scale.add_argument("--out", default="runs/train", help="output directory (result.json, checkpoints, final/)")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parse ``python -m par_ray.train``'s flags (:func:`build_parser`); argparse exits with status 2 on a bad one."""
+    return build_parser().parse_args(argv)
 
 
 def config_from_args(args):
@@ -170,21 +183,57 @@ def _has_ray_checkpoints(storage: str, name: str) -> bool:
     return os.path.isfile(os.path.join(storage, name, "checkpoint_manager_snapshot.json"))
 
 
+def g_summary_lines(ex, max_depth: int) -> list[str]:
+    """The printed G lines: the paper's first-crossing G (the headline) and the interpolated G, each with d50 and,
+    when measured, its 95 % interval (``par_ray.evaluation.format_interval``)."""
+    def with_interval(interpolated: bool) -> str:
+        text = format_interval(ex, interpolated)
+        return f", 95 % interval {text}" if text else ""
+
+    d50 = f"{ex.d50}" if ex.d50 is not None else f"> {max_depth}"
+    lines = [f"G = {format_G(ex)}{with_interval(False)}   (d50 = {d50}: the first test depth below the midpoint, "
+             "the paper's G)"]
+    if ex.G_interp is not None:
+        d50_interp = f"{ex.d50_interp:.1f}" if ex.d50_interp is not None else f"> {max_depth}"
+        lines.append(f"G (interpolated) = {format_G(ex, interpolated=True)}{with_interval(True)}   (d50 = "
+                     f"{d50_interp}, on the line between the test depths around the midpoint)")
+    if ex.interval is not None:
+        lines.append("95 % intervals: bootstrap over the test sequences of every depth (eval.bootstrap_resamples); "
+                     "≥: past the largest test depth")
+    return lines
+
+
+def interval_result(ex) -> dict:
+    """``result.json``'s intervals of d50, G and the interpolated G: ``{"d50_interval_95": [lo, hi], …,
+    "G_interval_censored": [lo, hi]}`` (a censored bound: its d50 ``null``, its G max tested depth / d_train, a lower
+    bound); empty without an interval."""
+    iv = ex.interval
+    if iv is None:
+        return {}
+    return {"d50_interval_95": [iv.d50_lo, iv.d50_hi], "G_interval_95": [iv.G_lo, iv.G_hi],
+            "d50_interp_interval_95": [iv.d50_interp_lo, iv.d50_interp_hi],
+            "G_interp_interval_95": [iv.G_interp_lo, iv.G_interp_hi],
+            "G_interval_censored": [iv.lo_censored, iv.hi_censored]}
+
+
 def stopping_summary(metrics: dict, depths) -> dict | None:
     """For a trial with a halting read-out (it logged ``halt_acc_d{D}``): full-state accuracy per test depth when the
     model stops itself (the primary rule), at R = ⌈d/c⌉ and at the oracle best fixed R, with the G of each (issue 22,
     part 3), as ``{"table": markdown text, "result": {stopping: {"acc": {d: fraction}, "G", "G_censored",
-    "G_interp"}}}``; ``None`` for a trial without one."""
+    "G_interp", and the 95 % intervals of :func:`interval_result` when logged}}}``; ``None`` for a trial without
+    one."""
     columns = (("own halting", "halt", "halt_acc"), ("R = ⌈d/c⌉", "ceil", "acc"), ("best fixed R", "best", "best_acc"))
     if any(depth_metric("halt_acc", d) not in metrics for d in depths):
         return None
     result, rows = {}, []
     for label, stop, kind in columns:
+        ex = extrapolation_from_metrics(metrics, stop)
         result[stop] = {"acc": {d: metrics.get(depth_metric(kind, d), float("nan")) for d in depths},
-                        **{k: metrics.get(g_metric(k, stop)) for k in ("G", "G_censored", "G_interp")}}
+                        **{k: metrics.get(g_metric(k, stop)) for k in ("G", "G_censored", "G_interp")},
+                        **(interval_result(ex) if ex is not None else {})}
     lines = ["", "stopping: " + ", ".join(
-        f"{label} G = {'≥ ' if result[stop]['G_censored'] else ''}{result[stop]['G']:.2f}"
-        for label, stop, _ in columns if result[stop]["G"] is not None),
+        f"{label} G = {format_G(ex)}" + (f" {format_interval(ex)}" if ex.interval else "")
+        for label, stop, _ in columns if (ex := extrapolation_from_metrics(metrics, stop)) is not None),
         "| depth | own halting | R = ⌈d/c⌉ | best fixed R (R) |", "|---:|---:|---:|---:|"]
     for d in depths:
         best_R = metrics.get(depth_metric("best_iter", d))
@@ -248,18 +297,16 @@ def main(argv=None) -> int:
         os.replace(partial, final)
     m = result.metrics
     acc = {d: m[depth_metric("acc", d)] for d in cfg.eval.depths}
-    ex = Extrapolation(d50=int(m["d50"]) if "d50" in m else None, G=m["G"], censored=bool(m["G_censored"]),
-                       midpoint=(m["chance"] + 1) / 2, d50_interp=m.get("d50_interp"), G_interp=m.get("G_interp"))
+    ex = extrapolation_from_metrics(m)
     print(f"\naccuracy by depth ({cfg.task.name}, {cfg.recipe.name}, {cfg.backbone.name}, d_train={cfg.task.train_depth})")
-    print("| depth | multiple | full-state acc | 95 % interval | per-query acc |\n|---:|---:|---:|---:|---:|")
+    print("| depth | multiple | full-state acc | 95 % interval | sequences | per-query acc |\n"
+          "|---:|---:|---:|---:|---:|---:|")
     for d in cfg.eval.depths:
         lo, hi = m.get(depth_metric("acc_lo", d), float("nan")), m.get(depth_metric("acc_hi", d), float("nan"))
         print(f"| {d} | {d / cfg.task.train_depth:.3g}× | {acc[d]:.3f} | {lo:.3f}–{hi:.3f} | "
-              f"{m[depth_metric('acc_query', d)]:.3f} |")
-    interp = ("" if ex.d50_interp is None
-              else f" (interpolated {ex.d50_interp:.1f}, G {format_G(ex, interpolated=True)})")
-    print(f"d50 = {ex.d50 if ex.d50 is not None else f'> {max(cfg.eval.depths)}'}{interp}   G = {format_G(ex)}   "
-          f"train time {m['train_seconds']:.0f} s, evaluation {m.get('eval_seconds_total', float('nan')):.0f} s "
+              f"{m.get(depth_metric('sequences', d), float('nan')):.0f} | {m[depth_metric('acc_query', d)]:.3f} |")
+    print("\n".join(g_summary_lines(ex, max(cfg.eval.depths))))
+    print(f"train time {m['train_seconds']:.0f} s, evaluation {m.get('eval_seconds_total', float('nan')):.0f} s "
           f"(wall {time.time() - t0:.0f} s)")
     stopping = stopping_summary(m, cfg.eval.depths)
     if stopping:
@@ -269,8 +316,9 @@ def main(argv=None) -> int:
                    "accuracy_by_depth_per_query": {d: m[depth_metric("acc_query", d)] for d in cfg.eval.depths},
                    "accuracy_interval_95": {d: [m.get(depth_metric("acc_lo", d)), m.get(depth_metric("acc_hi", d))]
                                             for d in cfg.eval.depths},
+                   "sequences_by_depth": {d: m.get(depth_metric("sequences", d)) for d in cfg.eval.depths},
                    "d50": ex.d50, "G": ex.G, "G_censored": ex.censored, "d50_interp": ex.d50_interp,
-                   "G_interp": ex.G_interp, "chance": m["chance"],
+                   "G_interp": ex.G_interp, **interval_result(ex), "chance": m["chance"],
                    "train_seconds": m["train_seconds"], "eval_seconds": m.get("eval_seconds_total"),
                    "wall_seconds": time.time() - t0,
                    # the last report's window: mean step time (s), tokens/s, peak memory (MB; CUDA: allocated)

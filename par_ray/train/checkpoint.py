@@ -496,15 +496,18 @@ def evaluate_trained(trained: Trained, eval_cfg=None) -> dict:
     Args:
         eval_cfg: an ``EvalConfig``; default the trial's own, so the numbers match the run's final report.
     Returns:
-        ``{"acc": {d: full-state acc}, "acc_query": {d: per-query acc}, "d50": int | None, "G": float,
-        "G_censored": bool}``.
+        ``{"acc": {d: full-state acc}, "acc_query": {d: per-query acc}, "sequences": {d: test sequences (more near
+        the crossing under eval.bracket_*)}, "d50": int | None, "G": float, "G_censored": bool, "G_interp": float,
+        "interval": par_ray.evaluation.ExtrapolationInterval | None (95 %, with eval.bootstrap_resamples)}``.
     """
-    from par_ray.evaluation import accuracy_by_depth, extrapolation
+    from par_ray.evaluation import accuracy_by_depth, extrapolation_from_counts
 
     cfg = trained.config
     eval_cfg = eval_cfg or cfg.eval
     task = trained_task(cfg)
     acc = accuracy_by_depth(trained.model, task, eval_cfg, cfg.recipe.ops_per_iteration, torch.device("cpu"))
-    ex = extrapolation({d: v["acc"] for d, v in acc.items()}, task.full_state_chance, cfg.task.train_depth)
+    ex = extrapolation_from_counts({d: (v["right"], v["n"]) for d, v in acc.items()}, task.full_state_chance,
+                                   cfg.task.train_depth, eval_cfg.bootstrap_resamples, eval_cfg.seed)
     return {"acc": {d: v["acc"] for d, v in acc.items()}, "acc_query": {d: v["acc_query"] for d, v in acc.items()},
-            "d50": ex.d50, "G": ex.G, "G_censored": ex.censored, "chance": task.full_state_chance}
+            "sequences": {d: v["n"] for d, v in acc.items()}, "d50": ex.d50, "G": ex.G, "G_censored": ex.censored,
+            "G_interp": ex.G_interp, "interval": ex.interval, "chance": task.full_state_chance}

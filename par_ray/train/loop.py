@@ -38,7 +38,7 @@ import torch
 
 from par_ray.config import TrialConfig, to_flat
 from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens, trial_cot_tokens
-from par_ray.evaluation import (BEST_R_MULTIPLES, EvalProgress, accuracy_by_depth, extrapolation,
+from par_ray.evaluation import (BEST_R_MULTIPLES, EvalProgress, accuracy_by_depth, extrapolation_from_counts,
                                 extrapolation_metrics, halt_max_iterations, halting_by_depth, halting_metrics,
                                 rank_chunks, stopping_extrapolation, wilson_interval)
 from par_ray.halting import halt_tokens
@@ -165,9 +165,12 @@ def probe_metrics(engine, task, cfg: TrialConfig) -> dict[str, float]:
 
 def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None,
                  vocab: VocabLayout | None = None, cot=None, say=None) -> dict[str, float]:
-    """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``, and the 95 % Wilson interval of ``acc_d{D}``
-    over its test sequences, ``acc_lo_d{D}`` / ``acc_hi_d{D}``), ``chance``, ``d50``, ``G``, ``G_censored``, the
-    interpolated ``d50_interp`` / ``G_interp`` (``par_ray.evaluation.extrapolation``), the per-iteration probe
+    """Accuracy at every test depth (``acc_d{D}``, ``acc_query_d{D}``, the 95 % Wilson interval of ``acc_d{D}``
+    over its test sequences, ``acc_lo_d{D}`` / ``acc_hi_d{D}``, and those sequences, ``sequences_d{D}``: more at the
+    depths around the crossing under adaptive sampling, ``eval.bracket_max_sequences``), ``chance``, ``d50``, ``G``,
+    ``G_censored``, the interpolated ``d50_interp`` / ``G_interp`` (``par_ray.evaluation.extrapolation``), their 95 %
+    bootstrap intervals with ``eval.bootstrap_resamples`` (``G_lo``, ``G_hi``, ``G_interp_lo``, ``G_interp_hi``,
+    ``G_hi_censored``, ``d50_lo``, …: ``par_ray.evaluation.extrapolation_metrics``), the per-iteration probe
     (:func:`probe_metrics`) and ``eval_seconds``, the wall time of this evaluation (s, rank 0's; every rank runs the
     same forward calls). R per depth follows ``recipe.fixed_iterations``; the
     chain-of-thought baseline (``recipe.cot``) is decoded greedily instead and adds ``cot_tokens_d{D}``, the mean
@@ -181,7 +184,8 @@ def eval_metrics(engine, task, cfg: TrialConfig, recipe=None, halt=None,
     ``recipe``: the current stage's recipe (default ``cfg.recipe``); when it trains halting (and ``halt`` holds the
     halting tokens), also the halting-vs-oracle metrics of :func:`par_ray.evaluation.halting_metrics` and d50 and G
     of the model's own stopping and of the oracle best fixed R per depth (``G_halt``, ``G_halt_interp``,
-    ``G_halt_censored``, ``G_best``, …: :func:`par_ray.evaluation.stopping_extrapolation`; ``G`` stays R = ⌈d/c⌉'s),
+    ``G_halt_censored``, ``G_best``, … and their intervals, ``G_halt_lo``, …, from the first pass's sequences:
+    :func:`par_ray.evaluation.stopping_extrapolation`; ``G`` stays R = ⌈d/c⌉'s),
     and, for a model trained with ``recipe.dense_targets`` and ``recipe.dense_pending`` (``cfg.recipe``: the
     vocabulary's pending class), those of the last operation's pending signal, ``halt_acc_d{D}_pending``,
     ``G_halt_pending`` and the rest (a par_ray signal, not the paper's read-out; docs/experiments.md §14).
@@ -216,11 +220,13 @@ def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayo
                                 world.rank, world.size, engine.all_reduce_sum, recipe.fixed_iterations, best_r,
                                 progress("accuracy", lambda d: max(best_r or (1,)) * iterations_at(
                                     d, c, recipe.fixed_iterations)))
-    ex = extrapolation({d: v["acc"] for d, v in acc.items()}, task.full_state_chance, cfg.task.train_depth)
+    ex = extrapolation_from_counts({d: (v["right"], v["n"]) for d, v in acc.items()}, task.full_state_chance,
+                                   cfg.task.train_depth, cfg.eval.bootstrap_resamples, cfg.eval.seed)
     out = {"chance": task.full_state_chance, **extrapolation_metrics(ex)}
     for d, v in acc.items():
         out[depth_metric("acc", d)] = v["acc"]
-        lo, hi = wilson_interval(v["acc"], cfg.eval.sequences_at(d))
+        out[depth_metric("sequences", d)] = v["n"]
+        lo, hi = wilson_interval(v["acc"], round(v["n"]))
         out[depth_metric("acc_lo", d)], out[depth_metric("acc_hi", d)] = lo, hi
         out[depth_metric("acc_query", d)] = v["acc_query"]
         if "tokens" in v:
@@ -233,7 +239,8 @@ def _eval_metrics(engine, task, cfg: TrialConfig, recipe, halt, vocab: VocabLayo
                                world.rank, world.size, engine.all_reduce_sum, pending_id=vocab.pending_id,
                                progress=progress("halting", lambda d: R_max))
         out.update(halting_metrics(res, recipe.ops_per_iteration))
-        for stopping, hex_ in stopping_extrapolation(res, task.full_state_chance, cfg.task.train_depth).items():
+        for stopping, hex_ in stopping_extrapolation(res, task.full_state_chance, cfg.task.train_depth,
+                                                     cfg.eval.bootstrap_resamples, cfg.eval.seed).items():
             out.update(extrapolation_metrics(hex_, stopping))  # G_halt, G_best, [G_halt_pending], …
     out.update(probe_metrics(engine, CotTask(task, tokens) if cfg.recipe.cot else task, cfg))
     return out
