@@ -104,7 +104,7 @@ def own_process_group():
 
 
 def test_deepspeed_single_process_matches_ddp_and_round_trips(own_process_group, tmp_path):
-    """Ray Train local mode has no process group; the deepspeed strategy makes a one-rank gloo group for it.
+    """Ray Train local mode has no process group; the deepspeed strategy makes a one-rank (here gloo) group for it.
 
     ZeRO-3, so that the checkpoint holds partitioned parameters (one partition on one rank).
     """
@@ -119,6 +119,21 @@ def test_deepspeed_single_process_matches_ddp_and_round_trips(own_process_group,
 
     ds.load(str(tmp_path))  # back to step 3: the same three steps again
     assert run_steps(ds, task, range(3, 6)) == pytest.approx(want[3:], abs=1e-4)
+
+
+def test_one_rank_group_is_nccl_for_a_cuda_model(own_process_group, monkeypatch):
+    """DeepSpeed's local-mode group: gloo for a CPU model; NCCL, on the model's device, for a CUDA one (gloo runs
+    only broadcast and all-reduce on CUDA tensors, and ZeRO-3 all-gathers and reduce-scatters them)."""
+    from par_ray.train import strategies
+
+    assert strategies.one_rank_group(torch.device("cpu")) == "gloo" == dist.get_backend()
+    dist.destroy_process_group()
+    calls = []
+    monkeypatch.setattr(strategies.torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(strategies.dist, "init_process_group",
+                        lambda backend, **kw: calls.append((backend, kw["rank"], kw["world_size"])))
+    assert strategies.one_rank_group(torch.device("cuda", 0)) == "nccl"
+    assert calls == [("set_device", torch.device("cuda", 0)), ("nccl", 0, 1)]
 
 
 @pytest.fixture

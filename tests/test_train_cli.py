@@ -129,6 +129,8 @@ def test_short_run_learns_and_writes_result(tmp_path):
     assert set(result["accuracy_by_depth"]) == {"4", "8"}
     for key in ("d50", "G", "train_seconds", "config", "G_interp", "sequences_by_depth"):
         assert key in result
+    # the last report's window (steps 41-60): what a benchmark reads as the steady state
+    assert result["step_time_s"] > 0 and result["tokens_per_s"] > 0 and result["peak_memory_mb"] > 0
     # issue 37: G's and the interpolated G's 95 % intervals (a bootstrap, on by default)
     assert all(lo <= hi for lo, hi in (result["G_interval_95"], result["G_interp_interval_95"]))
     assert sum(result["sequences_by_depth"].values()) >= 2 * 64  # the first pass, then more near the crossing

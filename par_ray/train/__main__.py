@@ -1,7 +1,8 @@
 """Single-process trainer: ``python -m par_ray.train --backbone tiny-qwen2 --task swap_s5 --recipe par ...``.
 
 Runs the one training loop (``par_ray.train.loop``) in Ray Train's local mode (or on ``--workers`` Ray workers),
-prints progress and, at the end, the accuracy-by-depth table and G, and writes ``OUT/result.json``. Any other knob:
+prints progress and, at the end, the accuracy-by-depth table and G, and writes ``OUT/result.json`` (accuracy, G, the
+training and evaluation seconds, and the last report's step time, tokens/s and peak memory). Any other knob:
 ``--set section.field=value``. The final model is ``OUT/final``: its weights only, ``model.safetensors`` (float32)
 + ``extra.json`` (step and config), whatever the strategy; load it with ``par_ray.train.checkpoint.load_trained``,
 or read it with ``safetensors.safe_open``. Optimizer state lives only in the resumable checkpoints under ``OUT/ray``.
@@ -357,6 +358,8 @@ def main(argv=None) -> int:
                    "G_interp": ex.G_interp, **interval_result(ex), "chance": m["chance"],
                    "train_seconds": m["train_seconds"], "eval_seconds": m.get("eval_seconds_total"),
                    "wall_seconds": time.time() - t0,
+                   # the last report's window: mean step time (s), tokens/s, peak memory (MB; CUDA: allocated)
+                   **{k: m.get(k) for k in ("step_time_s", "tokens_per_s", "peak_memory_mb")},
                    "final_loss": m["loss"], "config": to_flat(cfg)}, f, indent=2)
     print(f"wrote {os.path.join(out, 'result.json')}")
     return 0

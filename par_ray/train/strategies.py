@@ -424,13 +424,25 @@ _deepspeed_local_runs = 0
 """DeepSpeed runs in this process that made their own one-rank group (see :func:`deepspeed`)."""
 
 
+def one_rank_group(device: torch.device) -> str:
+    """Start a one-rank process group in this process for a model on ``device`` and return its backend: NCCL for a
+    CUDA device (ZeRO's all-gathers and reduce-scatters of CUDA tensors; gloo runs only broadcast and all-reduce on
+    them), gloo otherwise. The group's store lives in this process (``HashStore``): no address or port is taken."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return backend
+
+
 def deepspeed(model: nn.Module, train_cfg, world: World, ema: bool = False) -> Engine:
     """DeepSpeed ZeRO stage ``train_cfg.zero_stage`` (1, 2, 3), optimizer offload to CPU with ``zero_offload``.
 
     DeepSpeed needs a process group: inside Ray Train it adopts Ray's (``init_distributed`` sees torch.distributed
-    initialised and wraps it, gloo on CPU, NCCL on GPU); in Train's local mode (no group) we start a one-rank gloo
-    group in this process. On CPU, DeepSpeed JIT-compiles C++ ops on first use (``deepspeed_shm_comm``, and
-    ``cpu_adam`` for offload), cached under ``TORCH_EXTENSIONS_DIR`` (see :func:`build_deepspeed_ops`).
+    initialised and wraps it, gloo on CPU, NCCL on GPU); in Train's local mode (no group) we start a one-rank group
+    in this process (:func:`one_rank_group`: NCCL on GPU, gloo on CPU). On CPU, DeepSpeed JIT-compiles C++ ops on
+    first use (``deepspeed_shm_comm``, and ``cpu_adam`` for offload), cached under ``TORCH_EXTENSIONS_DIR`` (see
+    :func:`build_deepspeed_ops`).
 
     ``ema``: an EMA teacher, a full float32 copy on every rank made before ``deepspeed.initialize`` (not partitioned
     under ZeRO-3: 4 bytes × Ψ per GPU, which ``par_ray.planner`` counts).
@@ -453,7 +465,7 @@ def deepspeed(model: nn.Module, train_cfg, world: World, ema: bool = False) -> E
                 "process group in module globals (deepspeed.utils.groups), and local mode destroys that group when "
                 "its run ends. Use train.num_workers >= 1 with Ray workers, or a fresh process.")
         _deepspeed_local_runs += 1
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        one_rank_group(world.device)
         for var in ("RANK", "LOCAL_RANK"):  # DeepSpeed's engine reads them even when the group exists
             os.environ.setdefault(var, "0")
         os.environ.setdefault("WORLD_SIZE", "1")
