@@ -303,6 +303,12 @@ out['load_check'] = {{'pretrained': cfg.backbone.pretrained, 'weights_equal': bo
 """
 
 
+_GPU_BRACKETS = ("--set", "eval.bracket_max_sequences=256", "--set", "eval.bracket_block=128")
+"""The paper preset's adaptive sampling (blocks of 1,024 up to 4,096 sequences at each depth that brackets the
+crossing) capped for the session's short parts: at most one block of 128 more per bracketing depth, so a depth that
+lands near the midpoint cannot run a part past its time limit, and the adaptive path still runs on the GPU."""
+
+
 def _cli_argv(s: Session, name: str, strategy: str | None = None, steps: int | None = None) -> tuple[list[str], Path]:
     out = s.work / name
     shutil.rmtree(out, ignore_errors=True)
@@ -314,7 +320,7 @@ def _cli_argv(s: Session, name: str, strategy: str | None = None, steps: int | N
     else:
         argv += ["--model-dir", str(s.model_dir), "--steps", str(steps or 200), "--eval-depths", "32,128",
                  "--set", f"train.accelerator_type={DEVICE_TYPE}", "--set", "train.report_every=50",
-                 "--set", "eval.num_sequences=128"]
+                 "--set", "eval.num_sequences=128", *_GPU_BRACKETS]
     argv += ["--set", "train.eval_every=1000000", "--set", "train.checkpoint_every=1000000"]
     if strategy:
         argv += ["--strategy", strategy] + (["--set", "train.zero_stage=3"] if strategy == "deepspeed" else [])
@@ -410,7 +416,7 @@ def sweep(s: Session, limit: float) -> dict:
         argv += ["--preset", "paper", "--backbones", "qwen2.5-0.5b", "--model-dir", str(s.model_dir),
                  "--gpu-types", DEVICE_TYPE, "--set", "train.steps=40", "--set", "train.report_every=20",
                  "--set", "train.eval_every=40", "--set", "train.checkpoint_every=40", "--set", "eval.depths=16,32",
-                 "--set", "eval.num_sequences=128"]
+                 "--set", "eval.num_sequences=128", *_GPU_BRACKETS]
     t0 = time.perf_counter()
     rc, text = s.run(argv, limit, "sweep")
     seconds = time.perf_counter() - t0
@@ -489,18 +495,36 @@ def _cuda_available(python: str) -> bool | None:
     return out.stdout.strip().endswith("True") if out.returncode == 0 else None
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The session's argument parser, built without running anything (grouped flags, one example)."""
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/gpu_session.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The product on one GPU: the GPU check, a paper-preset CLI trial and a sweep, in one timed call.",
+        epilog="Usually run through benchmarks/gpu_session.sh, which installs the bundle and adds the hard time\n"
+               "limit.\n"
+               "\nexample (CPU, tiny shapes, one part):\n"
+               "  python benchmarks/gpu_session.py --dry-run --parts cli_paper --out /tmp/gpu_session")
+    run = ap.add_argument_group("the run")
+    run.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes; refused where CUDA is available")
+    run.add_argument("--parts", default=",".join(p.name for p in PARTS),
+                     help=f"comma-separated parts to run, in this order: {','.join(p.name for p in PARTS)}")
+    run.add_argument("--budget-s", type=float, default=None,
+                     help=f"the whole session's time, seconds (default {GPU_BUDGET_S} on a GPU, {DRY_BUDGET_S} dry)")
+    run.add_argument("--python", default=os.environ.get("PYTHON") or sys.executable,
+                     help="the Python that runs parts (default $PYTHON, else this one)")
+    run.add_argument("--bundle", default=str(ROOT / ".whl" / "gpu_bundle.tar.xz"),
+                     help="the carry bundle of benchmarks/gpu_bundle.sh (default .whl/gpu_bundle.tar.xz)")
+    where = ap.add_argument_group("where files go")
+    where.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "gpu_session_out"),
+                       help="folder for session.json, session.log, gpu_check.json, sweep_store.tar.gz (default $OUT)")
+    where.add_argument("--work", default=None, help="scratch folder (default: build/gpu_session)")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes; refused where CUDA is available")
-    ap.add_argument("--parts", default=",".join(p.name for p in PARTS),
-                    help=f"comma-separated parts to run, in this order: {','.join(p.name for p in PARTS)}")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help=f"the whole session's time, seconds (default {GPU_BUDGET_S} on a GPU, {DRY_BUDGET_S} dry)")
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "gpu_session_out"),
-                    help="folder for session.json, session.log, gpu_check.json, sweep_store.tar.gz (default $OUT)")
-    ap.add_argument("--work", default=None, help="scratch folder (default: build/gpu_session)")
-    ap.add_argument("--python", default=os.environ.get("PYTHON") or sys.executable, help="the Python that runs parts")
-    ap.add_argument("--bundle", default=str(ROOT / ".whl" / "gpu_bundle.tar.xz"))
+    """Run the session's parts in order, each under its time limit, writing ``--out`` as each finishes; the exit
+    status says whether every part passed."""
+    ap = build_parser()
     args = ap.parse_args(argv)
     names = [n for n in args.parts.split(",") if n]
     unknown = sorted(set(names) - set(JOBS))

@@ -54,9 +54,10 @@ from par_ray.tracking_schema import depth_metric, g_metric, iteration_metric
 class ExtrapolationInterval:
     """The bootstrap intervals of one curve's d50, G and interpolated G (:func:`extrapolation_interval`).
 
-    A bound is *censored* when more than (1 − level) / 2 of the resamples never fell below the midpoint: it lies past
-    the largest tested depth, its d50 bound is ``None`` and its G bound reads max tested depth / d_train, a lower
-    bound (shown "≥"). A censored lower bound implies a censored upper bound.
+    A bound is *censored* when it lies past the largest tested depth: the upper bound when more than (1 − level) / 2
+    of the resamples never fell below the midpoint, the lower bound when more than (1 + level) / 2 never did. Its d50
+    bound is then ``None`` and its G bound reads max tested depth / d_train, a lower bound (shown "≥"). A censored
+    lower bound implies a censored upper bound.
     """
 
     level: float

@@ -7,9 +7,10 @@ training and evaluation seconds, and the last report's step time, tokens/s and p
 + ``extra.json`` (step and config), whatever the strategy; load it with ``par_ray.train.checkpoint.load_trained``,
 or read it with ``safetensors.safe_open``. Optimizer state lives only in the resumable checkpoints under ``OUT/ray``.
 
-``OUT/config.json`` records the config of the run in ``OUT``. Rerunning with the same ``--out`` continues that run
-from its latest checkpoint only when the config is the same (workers and threads may change); any other config is
-refused, naming the fields that differ, before anything is written.
+``OUT/config.json`` records the config of the run in ``OUT``. A run on Ray workers (``--workers`` > 1) keeps resumable
+checkpoints under ``OUT/ray``: rerunning with the same ``--out`` and the same config (workers and threads may
+change) continues it from its latest intact checkpoint. One worker runs in Ray Train's local mode, which keeps none:
+rerunning it starts afresh. Any other config is refused, naming the fields that differ, before anything is written.
 """
 
 from __future__ import annotations
