@@ -224,10 +224,14 @@ def test_oracle_decoder_scores_one_and_pays_the_trace_length():
         ep = task.sample(d, cfg.num_sequences, seed=cfg.seed, step=0)
         oracle.traces[ep.input_ids.shape[1]] = format_trace(ep.states, tokens)
     oracle.rows = slice(None)
-    chunked = dataclasses.replace(cfg, batch_size=cfg.num_sequences)  # one chunk: the oracle's rows are all rows
+    # one chunk: the oracle's rows are all rows; no adaptive sampling (the local preset's eval.bracket_*): the oracle
+    # knows the first pass's test sets only, and its accuracy of 1 never crosses the midpoint anyway
+    chunked = dataclasses.replace(cfg, batch_size=cfg.num_sequences, bracket_max_sequences=0, bracket_min_sequences=0)
     res = cot_accuracy_by_depth(oracle, task, chunked, tokens, torch.device("cpu"))
     Q = 5
-    assert res == {d: {"acc": 1.0, "acc_query": 1.0, "tokens": float(trace_length(d, Q))} for d in cfg.depths}
+    n = float(cfg.num_sequences)
+    assert res == {d: {"acc": 1.0, "acc_query": 1.0, "tokens": float(trace_length(d, Q)), "right": n, "n": n}
+                   for d in cfg.depths}
 
 
 def test_cot_greedy_decoding_equals_teacher_forced_argmax_on_a_trained_toy():
