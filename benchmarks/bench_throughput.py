@@ -80,6 +80,20 @@ class Shape:
 SHAPES = {"tiny": Shape(128), "h256": Shape(256), "h512": Shape(512)}
 
 
+def _timing(times: list[float], compile_step: float, compile: bool, reference_flops: float, executed_flops: float,
+            shape_peak: float) -> dict:
+    """The timing columns of a result row: the median step (seconds), the first step's compile time, FLOP rates and
+    their ratio to the matmul peak at the step's shape."""
+    seconds = statistics.median(times)
+    return {
+        "compile_seconds": max(0.0, compile_step - seconds) if compile else 0.0,
+        "reference_flops": reference_flops, "executed_flops": executed_flops,
+        "step_seconds": seconds, "step_seconds_all": times,
+        "achieved_flops_per_s": reference_flops / seconds, "executed_flops_per_s": executed_flops / seconds,
+        "shape_gemm_peak_flops_per_s": shape_peak, "ratio_shape_gemm": reference_flops / seconds / shape_peak,
+    }
+
+
 def _build(shape: Shape, vocab: int, attn: str | None, seed: int = 0) -> LoopedLM:
     torch.manual_seed(seed)
     overrides = dict(vocab_size=vocab, hidden_size=shape.hidden, intermediate_size=2 * shape.hidden)
@@ -158,18 +172,13 @@ def measure_local(backbone: str, depth: int, steps: int, warmup: int, attn: str 
         times.append(time.perf_counter() - t0)
         Rs.append(res.plan.R)
         Ts.append(res.tokens / (cfg.train.batch_size * res.plan.R))
-    seconds = statistics.median(times)
     B, T = cfg.train.batch_size, round(statistics.mean(Ts))
     shape_peak = matmul_peak(B * T, model.config.hidden_size, 2 * model.config.hidden_size)
     return {
         "shape": f"local/{backbone}", "hidden": model.config.hidden_size, "batch": B, "seq_len": T,
         "read_positions": None, "R": statistics.mean(Rs), "R_all": Rs, "depth": depth,
         "attn_implementation": model.config._attn_implementation, "compile": compile,
-        "compile_seconds": max(0.0, compile_step - seconds) if compile else 0.0,
-        "reference_flops": reference_flops, "executed_flops": executed_flops,
-        "step_seconds": seconds, "step_seconds_all": times,
-        "achieved_flops_per_s": reference_flops / seconds, "executed_flops_per_s": executed_flops / seconds,
-        "shape_gemm_peak_flops_per_s": shape_peak, "ratio_shape_gemm": reference_flops / seconds / shape_peak,
+        **_timing(times, compile_step, compile, reference_flops, executed_flops, shape_peak),
     }
 
 
@@ -212,7 +221,7 @@ def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: 
     model = _build(shape, vocab, attn)
     step = _step_fn(model, shape, depth)
     executed_flops = _count_flops(step, 0)  # eagerly, also with compile (module docstring)
-    first = 1
+    first, compile_step = 1, 0.0
     if compile:
         step = _step_fn(model, shape, depth, compile=True)
         t0 = time.perf_counter()
@@ -226,16 +235,11 @@ def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: 
         t0 = time.perf_counter()
         step(i)
         times.append(time.perf_counter() - t0)
-    seconds = statistics.median(times)
     shape_peak = matmul_peak(shape.batch * T, shape.hidden, 2 * shape.hidden)
     return {
         "shape": name, "hidden": shape.hidden, "batch": shape.batch, "seq_len": T, "read_positions": Q, "R": depth,
         "attn_implementation": model.config._attn_implementation, "compile": compile,
-        "compile_seconds": max(0.0, compile_step - seconds) if compile else 0.0,
-        "reference_flops": reference_flops, "executed_flops": executed_flops,
-        "step_seconds": seconds, "step_seconds_all": times,
-        "achieved_flops_per_s": reference_flops / seconds, "executed_flops_per_s": executed_flops / seconds,
-        "shape_gemm_peak_flops_per_s": shape_peak, "ratio_shape_gemm": reference_flops / seconds / shape_peak,
+        **_timing(times, compile_step, compile, reference_flops, executed_flops, shape_peak),
     }
 
 
