@@ -271,3 +271,28 @@ def test_meta_device_build_loads_the_same_weights_as_transformers(name, tmp_path
         parent = want(ids).logits
         r1 = looped(ids, reads, 1, None, 1.0, "last").logits_KBQV[0]
     torch.testing.assert_close(r1, parent, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_rows_keep_a_mask_broadcast_over_the_batch(name):
+    """``LoopedLM``'s banded causal mask is one (T, T) mask expanded over the batch (stride 0). The rows' mask keeps
+    that layout, so a compiled layer sees the same kind of mask in the read-out's call as in the core's (a gathered
+    copy has another stride, and dynamo recompiles on it); the output rows stay the full layer's."""
+    torch.manual_seed(0)
+    model = load(name)
+    layer = model.model.layers[-1]
+    hidden_BTH, pos, _ = _layer_inputs(model)
+    B, T = hidden_BTH.shape[:2]
+    i_T = torch.arange(T)
+    mask = ((i_T[:, None] >= i_T[None, :]) & (i_T[:, None] - i_T[None, :] < 2))[None, None].expand(B, 1, T, T)
+    seen = []
+    hook = layer.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["attention_mask"]),
+                                           with_kwargs=True)
+    rows_Q = torch.tensor([10, 3, 7])
+    with torch.no_grad():
+        want_BQH = run_decoder_layer(layer, hidden_BTH, pos, mask)[:, rows_Q]
+        got_BQH = run_decoder_layer(layer, hidden_BTH, pos, mask, rows_Q=rows_Q)
+    hook.remove()
+    assert seen[1].shape == (B, 1, 3, T) and seen[0].stride(0) == seen[1].stride(0) == 0
+    assert torch.equal(seen[1][1, 0], mask[0, 0, rows_Q])
+    assert (got_BQH - want_BQH).abs().max().item() <= 1e-5

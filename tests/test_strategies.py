@@ -218,6 +218,21 @@ def test_batched_readout_compiles_once_for_any_number_of_read_outs(fresh_dynamo)
     assert not counters["graph_break"]
 
 
+def test_compile_layers_raises_the_recompile_limit_and_never_lowers_it(monkeypatch):
+    """Inductor's size-range guards multiply the layers' compiled variants past torch's default of 8 (11 in a
+    60-step probe of the local curriculum): beyond the limit dynamo would run new calls eagerly for the rest of the
+    trial, so ``compile_layers`` raises it to ``RECOMPILE_LIMIT``, and leaves a higher one alone."""
+    import torch._dynamo
+
+    model = build_looped(BackboneConfig(), RECIPE, vocab_size=32)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    strategies.compile_layers(model, backend="aot_eager")
+    assert torch._dynamo.config.recompile_limit == strategies.RECOMPILE_LIMIT >= 32
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1000)
+    strategies.compile_layers(model, backend="aot_eager")
+    assert torch._dynamo.config.recompile_limit == 1000
+
+
 @pytest.mark.full_only
 def test_inductor_compiled_layers_train_like_eager_and_share_checkpoints(fresh_dynamo, tmp_path):
     """The real compile (inductor's generated kernels): ~90 s of CPU on a cold compile cache on 2 cores, ~10x the

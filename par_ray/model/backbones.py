@@ -211,6 +211,11 @@ def run_decoder_layer(
     T = hidden_BTH.shape[1]
     if mask is None:  # SDPA's implicit causal mask is square; rows need an explicit one: key j visible iff j <= row
         mask = (torch.arange(T, device=hidden_BTH.device)[None, :] <= rows_Q[:, None])[None, None]
+    elif mask.dim() == 4 and mask.shape[0] > 1 and mask.stride(0) == 0:
+        # A mask broadcast over the batch (the banded causal mask of ``LoopedLM``) keeps that layout: the rows of one
+        # batch entry, expanded. A gathered copy would differ in stride from the full-T calls' mask, and a compiled
+        # layer recompiles on a stride change (``par_ray.train.strategies.compile_layers``).
+        mask = mask[:1, :, rows_Q, :].expand(mask.shape[0], -1, -1, -1)
     else:
         mask = mask[..., rows_Q, :]
     cos, sin = position_embeddings

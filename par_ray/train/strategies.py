@@ -202,6 +202,12 @@ def _ema_copy(model: nn.Module, train_cfg) -> nn.Module:
 # Compile
 
 
+RECOMPILE_LIMIT = 64
+"""Compiled variants of the decoder layers' shared code that :func:`compile_layers` allows before dynamo falls back to
+eager: the kinds of call (grad or not, all rows or the read-out's ``rows_Q``) times inductor's size ranges, with
+room for evaluation batches and long depths. Each variant compiles once, when first met (a few seconds on CPU)."""
+
+
 def compile_layers(model: nn.Module, backend: str = "inductor") -> nn.Module:
     """``torch.compile`` every decoder layer of a ``LoopedLM`` in place, as torchtitan compiles each transformer
     block before FSDP (``apply_compile`` in torchtitan/models/llama3/parallelize.py), and return ``model``.
@@ -218,8 +224,12 @@ def compile_layers(model: nn.Module, backend: str = "inductor") -> nn.Module:
     ``dynamic=True`` keeps batch size and sequence length symbolic (depth, R and evaluation batches vary). Layers of
     one class share their compiled code; each distinct call (with or without grad, all T rows or the readout's
     ``rows_Q``, the mask's kind, frozen parameters) compiles once, lazily on first use, so the first training step
-    and the first evaluation carry the compile time. Past ``torch._dynamo.config.recompile_limit`` (8) distinct
-    calls, new ones run eagerly (correct, slower). A deep copy of a compiled layer is not compiled
+    and the first evaluation carry the compile time. Inductor adds variants of its own: its kernels guard on size
+    ranges (e.g. B·T ≤ 4096), so one kind of call compiles again when the curriculum or an evaluation
+    batch crosses such a bound; the local curriculum's training and evaluation made 11 variants in a 60-step probe
+    (docs/experiments.md §29). Past ``torch._dynamo.config.recompile_limit`` (torch's default 8) new variants would
+    run eagerly for the rest of the process (correct, ~20 % slower per layer call), so this raises that process-wide
+    limit to :data:`RECOMPILE_LIMIT` (never lowers it). A deep copy of a compiled layer is not compiled
     (``Module.__getstate__`` drops the compiled call).
 
     Args:
@@ -227,6 +237,9 @@ def compile_layers(model: nn.Module, backend: str = "inductor") -> nn.Module:
         backend: ``torch.compile`` backend: ``inductor`` (generated fused kernels) or, in tests, ``aot_eager``
             (traced forward and backward run by eager kernels: checks the trace without the code generation).
     """
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     for layers in (model.prelude, model.core, model.coda, *model.untied):
         for layer in layers:
             layer.compile(backend=backend, dynamic=True)
