@@ -227,9 +227,10 @@ def compile_layers(model: nn.Module, backend: str = "inductor") -> nn.Module:
     and the first evaluation carry the compile time. Inductor adds variants of its own: its kernels guard on size
     ranges (e.g. B·T ≤ 4096), so one kind of call compiles again when the curriculum or an evaluation
     batch crosses such a bound; the local curriculum's training and evaluation made 11 variants in a 60-step probe
-    (docs/experiments.md §29). Past ``torch._dynamo.config.recompile_limit`` (torch's default 8) new variants would
-    run eagerly for the rest of the process (correct, ~20 % slower per layer call), so this raises that process-wide
-    limit to :data:`RECOMPILE_LIMIT` (never lowers it). A deep copy of a compiled layer is not compiled
+    (docs/experiments.md §30). Past ``torch._dynamo.config.recompile_limit`` (torch's default 8) new variants would
+    run eagerly for the rest of the process (correct; eager steps were ~20 % slower in §25), so this raises that
+    process-wide limit to :data:`RECOMPILE_LIMIT` (never lowers it); on the local recipes that changed no measured
+    step time (§30), but which calls run compiled no longer depends on the order in which the depths arrive. A deep copy of a compiled layer is not compiled
     (``Module.__getstate__`` drops the compiled call).
 
     Args:
