@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 
 import pytest
 
@@ -157,6 +158,29 @@ def test_dry_run_shows_the_set_overrides(capsys):
 
 # ----------------------------------------------------------------------------------------------------------------
 # SIGTERM
+
+def test_sigterm_handler_calls_the_handler_then_restores_the_previous_one_and_skips_other_threads():
+    import threading
+
+    from par_ray.train.__main__ import _stop_as_ctrl_c
+    from par_ray.train.trainer import sigterm_handler
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):  # the single-run CLI's handler: SIGTERM stops it as Ctrl-C does
+        with sigterm_handler(_stop_as_ctrl_c):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs between bytecodes; never reached
+    assert signal.getsignal(signal.SIGTERM) is before
+
+    seen = []
+    def other_thread():  # Python installs signal handlers only from the main thread: left as it is
+        with sigterm_handler(lambda signum, frame: None):
+            seen.append(signal.getsignal(signal.SIGTERM))
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert seen == [before] and signal.getsignal(signal.SIGTERM) is before
+
 
 def test_sigterm_closes_every_open_run_then_stops_tune_as_ctrl_c(tmp_path):
     from par_ray.sweep.run import _sigterm_as_ctrl_c

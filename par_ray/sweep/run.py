@@ -528,16 +528,11 @@ def _sigterm_as_ctrl_c(tracker):
         else:
             raise KeyboardInterrupt
 
+    from par_ray.train.trainer import sigterm_handler
+
     previous = signal.getsignal(signal.SIGTERM)
-    try:
-        signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread: leave SIGTERM as it is
+    with sigterm_handler(stop):
         yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

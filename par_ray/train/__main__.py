@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sys
 import time
 
@@ -246,23 +245,11 @@ def stopping_summary(metrics: dict, depths) -> dict | None:
     return {"table": "\n".join(lines + rows), "result": result}
 
 
-@contextlib.contextmanager
-def _sigterm_as_ctrl_c():
-    """While training, SIGTERM (``kill``, a scheduler's preemption notice) stops the run as Ctrl-C does: a
+def _stop_as_ctrl_c(signum, frame):
+    """SIGTERM while training (``kill``, a scheduler's preemption notice) stops the run as Ctrl-C does: a
     ``KeyboardInterrupt`` in the main thread, so the Ray instance this process started is shut down on the way out
     (its raylet, dashboard and agents with it) and the run can be continued by rerunning the command."""
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread: leave SIGTERM as it is
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    raise KeyboardInterrupt
 
 
 def main(argv=None) -> int:
@@ -283,7 +270,7 @@ def main(argv=None) -> int:
     import ray.train  # noqa: PLC0415
 
     from par_ray.train.cluster import check_fits
-    from par_ray.train.trainer import build_trainer, local_ray, repair_run_storage, run_name
+    from par_ray.train.trainer import build_trainer, local_ray, repair_run_storage, run_name, sigterm_handler
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # local mode logs every report at INFO
 
@@ -305,7 +292,7 @@ def main(argv=None) -> int:
     ray_instance = contextlib.nullcontext() if local or ray.is_initialized() or os.environ.get("RAY_ADDRESS") \
         else local_ray(num_cpus=None, logging_level="WARNING")
     try:
-        with ray_instance, _sigterm_as_ctrl_c():
+        with ray_instance, sigterm_handler(_stop_as_ctrl_c):
             trainer = build_trainer(cfg, name, storage_path=storage, local=local, export_dir=partial,
                                     log_level="WARNING")
             if not local:  # workers Ray could never place would be waited for forever

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import socket
 
 import ray
@@ -79,6 +80,23 @@ def local_ray(num_cpus: int, **init_kwargs):
             os.environ.pop("RAY_API_SERVER_ADDRESS", None)
         else:
             os.environ["RAY_API_SERVER_ADDRESS"] = previous
+
+
+@contextlib.contextmanager
+def sigterm_handler(handler):
+    """While the block runs, SIGTERM (``kill``, ``ray job stop``, a scheduler's preemption notice) calls
+    ``handler(signum, frame)``; the handler installed before is restored on the way out, however the block ends.
+    Outside the main thread, where Python installs no signal handlers, SIGTERM is left as it is. Used by the
+    single-run CLI and the sweeps to stop as Ctrl-C does (``python -m par_ray.train``, ``par_ray.sweep.run``)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class MetricsLog(UserCallback):
