@@ -27,12 +27,13 @@ PY312="${PY312:-$(command -v python3.12 || true)}"
 [ -x "$VENV/bin/python" ] || "$PY312" -m venv "$VENV"
 mkdir -p "$CACHE"
 "$VENV/bin/python" -m pip download -q -d "$CACHE" -r benchmarks/gpu_image.txt >&2
-# everything downloaded but what the bundle carries (the image lacks those: they must come from the bundle)
+# everything downloaded but what the bundle carries (the image lacks those: they must come from the bundle); of a
+# package downloaded in several versions over time (a floating dependency such as idna), the newest only
 carried=$(grep -v '^#' benchmarks/gpu_bundle.txt | sed 's/==.*//; /^$/d' | tr 'A-Z_.' 'a-z--' | paste -sd'|')
-wheels=$(ls "$CACHE"/*.whl | while read -r w; do
+wheels=$(ls "$CACHE"/*.whl | sort -V | while read -r w; do
   name=$(basename "$w" | cut -d- -f1 | tr 'A-Z_.' 'a-z--')
-  echo "$name" | grep -qxE "$carried" || echo "$w"
-done)
+  echo "$name" | grep -qxE "$carried" || echo "$name $w"
+done | awk '{newest[$1] = $2} END {for (n in newest) print newest[n]}')
 "$VENV/bin/python" -m pip install -q --no-index --no-deps $wheels >&2
 "$VENV/bin/python" -c "import torch, transformers; print('gpu_rehearsal: torch', torch.__version__, 'transformers',
 transformers.__version__)" >&2
