@@ -230,8 +230,8 @@ def compile_layers(model: nn.Module, backend: str = "inductor") -> nn.Module:
     (docs/experiments.md §30). Past ``torch._dynamo.config.recompile_limit`` (torch's default 8) new variants would
     run eagerly for the rest of the process (correct; eager steps were ~20 % slower in §25), so this raises that
     process-wide limit to :data:`RECOMPILE_LIMIT` (never lowers it); on the local recipes that changed no measured
-    step time (§30), but which calls run compiled no longer depends on the order in which the depths arrive. A deep copy of a compiled layer is not compiled
-    (``Module.__getstate__`` drops the compiled call).
+    step time (§30), but which calls run compiled no longer depends on the order in which the depths arrive. A deep
+    copy of a compiled layer is not compiled (``Module.__getstate__`` drops the compiled call).
 
     Args:
         model: a ``par_ray.model.looped.LoopedLM`` (anything with ``prelude``, ``core``, ``coda``, ``untied``).
