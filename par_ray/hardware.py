@@ -121,8 +121,9 @@ ANY_GPU = "H100"
 """The type a GPU trial without ``train.accelerator_type`` is costed as: the paper preset then plans for an 80 GB
 GPU of any type (``par_ray.presets.PAPER_GPU_MEMORY_GB``)."""
 
-DEFAULT_MFU = {"gpu": {"train": 0.25, "eval": 0.15}, "cpu": {"train": 0.38, "eval": 0.42}}
-"""Assumed MFU by device kind and phase, until a measurement replaces it. GPU: the trials' matmuls are small
+DEFAULT_MFU = {"gpu": {"train": 0.25, "eval": 0.15}, "cpu": {"train": 0.38, "train_compiled": 0.70, "eval": 0.42}}
+"""Assumed MFU by device kind and phase (``train``, ``eval``; ``train_compiled``: training with ``train.compile``,
+where a kind has it, else ``train``), until a measurement replaces it. GPU: the trials' matmuls are small
 (B·T of a few thousand tokens, hidden 896–3584) and the loop adds many small kernels per iteration, so a quarter of
 the bf16 peak in training and less in evaluation (smaller batches per call, the readout's narrow matmuls) — no GPU
 has measured it yet (``benchmarks/gpu_check.py`` does).
@@ -138,8 +139,15 @@ reached 0.34–0.37 training and 0.38–0.42 evaluation, Ray's own processes tak
 evaluation figures are of the coarse test grid (6/12/24/48, batches of 256); the fine grid the local preset now
 evaluates (15 depths, batches of 128) measured 0.49 side by side in one run, where training measured 0.43–0.47: this
 VM's step rate moves ~±10 % between runs while its matmul peak moves ~5 %, so 0.42 stays (evaluation is ~10 % of a
-local trial: 0.42 vs 0.49 moves its planned wall ~2 %). What a trial reaches inside a Ray sweep is measured by
-``python -m analysis`` (``cost_overrides.json``)."""
+local trial: 0.42 vs 0.49 moves its planned wall ~2 %). ``train_compiled`` is the local sweeps' recipe
+(``presets.LOCAL_CURRICULUM``: d_train 16 on a length curriculum, compiled decoder layers, two trials side by side on
+the same VM): 0.65–0.72 measured by the main job's trials and 0.60–0.70 by the ablations sweep's (December 2026,
+docs/experiments.md §26), against the eager 0.38, which planned those trials at twice their time; on a slower Intel
+machine two 4,500-step trials reached 0.57 / 0.58 of this peak and took 2–3 % longer than planned (§33). What a
+trial reaches inside a Ray sweep is measured by ``python -m analysis`` (``cost_overrides.json``)."""
+
+MFU_PHASES = ("train", "train_compiled", "eval")
+"""The phases a price file's ``[mfu.gpu]`` / ``[mfu.cpu]`` may set (:data:`DEFAULT_MFU`)."""
 
 
 @dataclass(frozen=True)
@@ -158,11 +166,15 @@ class Table:
                              f"({sorted(self.devices)}; add it with --prices)")
         return name, self.devices[name]
 
-    def mfu_of(self, name: str, phase: str) -> float:
-        """MFU of ``phase`` (``train`` or ``eval``) on device ``name``: measured if known, else the default."""
+    def mfu_of(self, name: str, phase: str, compiled: bool = False) -> float:
+        """MFU of ``phase`` (``train`` or ``eval``) on device ``name``: measured if known, else the default;
+        ``compiled`` training (``train.compile``) takes the kind's ``train_compiled`` default where it has one."""
         dev = self.devices[name]
         measured = dev.mfu_train if phase == "train" else dev.mfu_eval
-        return measured if measured else self.mfu["cpu" if name == "CPU" else "gpu"][phase]
+        if measured:
+            return measured
+        assumed = self.mfu["cpu" if name == "CPU" else "gpu"]
+        return assumed.get("train_compiled", assumed["train"]) if phase == "train" and compiled else assumed[phase]
 
 
 def load_table(path: str | None = None) -> Table:
@@ -172,7 +184,7 @@ def load_table(path: str | None = None) -> Table:
 
     - a price file, TOML or JSON (by its extension; JSON otherwise)::
 
-          [mfu.gpu]            # assumed MFU of every GPU (train, eval); [mfu.cpu] for CPU workers
+          [mfu.gpu]            # assumed MFU of every GPU (train, train_compiled, eval); [mfu.cpu]: CPU workers
           train = 0.3
           [devices.H100]       # any field of Device; a new key adds a device
           peak_tflops = 989.4
@@ -210,8 +222,9 @@ def load_table(path: str | None = None) -> Table:
     mfu = data.get("mfu") or {}
     for kind, phases in (mfu.items() if isinstance(mfu, dict) else [("", mfu)]):
         for phase, value in (phases.items() if isinstance(phases, dict) else [("", phases)]):
-            if kind not in table.mfu or phase not in ("train", "eval") or not _fraction(value):
-                errs.append(f"mfu.{kind}.{phase}: expected mfu.gpu|cpu.train|eval in (0, 1], got {value!r}")
+            if kind not in table.mfu or phase not in MFU_PHASES or not _fraction(value):
+                errs.append(f"mfu.{kind}.{phase}: expected mfu.gpu|cpu.{'|'.join(MFU_PHASES)} in (0, 1], "
+                            f"got {value!r}")
             else:
                 table.mfu[kind][phase] = float(value)
     fields = set(Device.__dataclass_fields__)

@@ -124,7 +124,7 @@ blocks of 128 at the two depths that bracket the midpoint crossing until each ha
 excludes the midpoint, or 1,024 (``eval.bracket_*``). A trial trains ~28 min on one core of the reference machine.
 Over seeds 0-4 nine of ten models reach interpolated G >= 4; the exception (tiny-qwen3 seed 4, 2.79) reaches >= 8
 with a longer last phase, ``train.steps`` 4,500 (~45 min of training a trial), which lifts every model measured so
-far (seven of the ten, all with interpolated G >= 4; docs/experiments.md §29, §32)."""
+far (nine of the ten, all with interpolated G >= 4; docs/experiments.md §29, §32, §33)."""
 LOCAL_CURRICULUM_SHORT = {**LOCAL_CURRICULUM, "task.curriculum_steps": 500, "train.steps": 1500,
                           "train.eval_every": 1500, "train.checkpoint_every": 500, "recipe.read_every": 2,
                           "eval.bracket_max_sequences": 512, "eval.bracket_min_sequences": 256}

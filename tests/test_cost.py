@@ -225,6 +225,30 @@ def test_cost_turns_flops_into_hours_and_dollars():
     assert set(c.params()) >= {"cost.planned_flops", "cost.planned_gpu_hours", "cost.planned_usd"}
 
 
+def test_compiled_cpu_training_is_planned_at_its_own_mfu(tmp_path):
+    """The local sweeps compile their layers (``presets.LOCAL_CURRICULUM``) and reach ~0.7 of the CPU peak, not the
+    eager trials' 0.38: a compiled trial plans at ``train_compiled``, evaluation and GPUs (no such key) keep theirs."""
+    table = hardware.load_table()
+    eager = validate(local_trial())
+    compiled = with_overrides(eager, train=dict(compile=True))
+    assert not eager.train.compile
+    plans = {c.train.compile: cost.trial_cost(c, table) for c in (eager, compiled)}
+    assert plans[False].mfu_train == table.mfu["cpu"]["train"] == 0.38
+    assert plans[True].mfu_train == table.mfu["cpu"]["train_compiled"] == 0.70
+    assert plans[True].mfu_eval == plans[False].mfu_eval == table.mfu["cpu"]["eval"]
+    assert plans[True].train_gpu_hours == pytest.approx(plans[False].train_gpu_hours * 0.38 / 0.70)
+    assert table.mfu_of("H100", "train", compiled=True) == table.mfu["gpu"]["train"]
+    # a price file may set it; a device's measured MFU wins over both assumptions
+    path = tmp_path / "prices.toml"
+    path.write_text('[mfu.cpu]\ntrain_compiled = 0.5\n')
+    assert hardware.load_table(str(path)).mfu_of("CPU", "train", compiled=True) == 0.5
+    path.write_text('[devices.CPU]\nmfu_train = 0.6\n')
+    assert hardware.load_table(str(path)).mfu_of("CPU", "train", compiled=True) == 0.6
+    path.write_text('[mfu.cpu]\ntrain_fast = 0.5\n')
+    with pytest.raises(ValueError, match=r"mfu.cpu.train_fast: expected mfu.gpu\|cpu.train\|train_compiled\|eval"):
+        hardware.load_table(str(path))
+
+
 def test_cost_names_come_from_the_tracking_schema():
     from analysis import cost as plan_cost
     from par_ray import tracking_schema as schema
