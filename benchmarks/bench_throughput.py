@@ -25,6 +25,11 @@ builds it (``build_looped``, the trial's vocabulary, ``build_step_loss``). R kee
 before and after a change. FLOPs are then counted on every timed step and averaged; the ratios are that mean over the
 median step time.
 
+``--matmul-precision``: ``torch.set_float32_matmul_precision`` for the steps and the shape GEMM peaks
+(``train.float32_matmul_precision``); the machine peak is always IEEE fp32's, so with ``medium`` (bf16 products on
+a CPU with AMX-BF16) ``ratio`` may pass 1. Pair ``medium`` with ``--attn eager`` on CPU: the SDPA flash kernel runs
+~10x slower under bf16 products (docs/experiments.md §34).
+
 ``--compile``: the measured model's decoder layers are compiled (``train.compile``: ``prepare`` calls
 ``par_ray.train.strategies.compile_layers``, as the training loop does). Executed FLOPs are counted on the eager
 model first (``FlopCounterMode`` sees ATen calls, which compiled kernels no longer make; fusing elementwise ops does
@@ -37,6 +42,7 @@ Usage::
     python benchmarks/bench_throughput.py --attn eager   # the eager-attention arm
     python benchmarks/bench_throughput.py --compile      # compiled decoder layers (train.compile)
     python benchmarks/bench_throughput.py --recipe local --backbone tiny-qwen3 --depth 16 --compile --steps 30
+    python benchmarks/bench_throughput.py --recipe local --compile --matmul-precision medium --attn eager
 """
 
 from __future__ import annotations
@@ -265,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="attention implementation (default: the registry's)")
     step.add_argument("--compile", action="store_true",
                       help="compile the decoder layers (train.compile); compile time reported apart, not timed")
+    step.add_argument("--matmul-precision", choices=["highest", "high", "medium"], default="highest",
+                      help="torch.set_float32_matmul_precision for the steps (train.float32_matmul_precision; "
+                           "medium: bf16 products on CPUs with AMX/AVX512-BF16); the machine peak stays IEEE fp32's")
     timing = ap.add_argument_group("timing and output")
     timing.add_argument("--steps", type=int, default=20, help="timed steps per shape (the median is reported)")
     timing.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
@@ -279,9 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
+    torch.set_float32_matmul_precision("highest")
     machine_peak = matmul_peak(2048, 2048, 2048)
     rows = []
     print(f"machine fp32 matmul peak (2048^3, {args.threads} thread(s)): {machine_peak / 1e9:.1f} GFLOP/s")
+    torch.set_float32_matmul_precision(args.matmul_precision)  # the steps' and their shape GEMM peaks' precision
+    print(f"steps at float32 matmul precision {args.matmul_precision!r}")
     print(f"{'shape':<17}{'h':>5}{'B':>4}{'T':>4}{'R':>6} {'attn':<6}{'compile s':>10}{'ref GFLOP':>10}"
           f"{'exec GFLOP':>11}{'step ms':>9}{'GFLOP/s':>9}{'ratio':>7}{'gemm peak':>10}{'ratio/gemm':>11}"
           f"{'executed':>9}", flush=True)
@@ -307,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"threads": args.threads, "depth": depth, "compile": args.compile, "recipe": args.recipe,
-                       "torch": torch.__version__, "machine_peak_flops_per_s": machine_peak, "shapes": rows}, f,
-                      indent=2)
+                       "float32_matmul_precision": args.matmul_precision, "torch": torch.__version__,
+                       "machine_peak_flops_per_s": machine_peak, "shapes": rows}, f, indent=2)
     return 0
 
 

@@ -25,6 +25,9 @@ TARGETS = ("progress", "final", "done")
 DEPTH_SCHEDULES = ("forced", "hold")
 STRATEGIES = ("ddp", "fsdp", "deepspeed")
 ZERO_STAGES = (1, 2, 3)
+FLOAT32_MATMUL_PRECISIONS = ("", "highest", "high", "medium")
+"""``TrainConfig.float32_matmul_precision``: ``""`` = the device's default, else torch's own names
+(``torch.set_float32_matmul_precision``)."""
 POSITION_SCHEMES = ("rope", "none", "conv")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 OP_ORDERS = ("forward", "recent_first")
@@ -256,6 +259,16 @@ class TrainConfig:
     the first steps and the first evaluation (about a minute of CPU for the tiny shape with a cold inductor cache);
     state-dict keys and checkpoints are unchanged, so a run may resume with it on or off. Not with ``recipe.cot``:
     its KV-cache decoding recompiles."""
+    float32_matmul_precision: str = ""
+    """Internal precision of the float32 matmuls on every worker, as ``torch.set_float32_matmul_precision`` names
+    it (one of ``FLOAT32_MATMUL_PRECISIONS``; ``par_ray.train.strategies.matmul_precision``): ``highest`` (IEEE
+    float32), ``high`` (TF32 where the device has it), ``medium`` (also bfloat16 products with float32 accumulation:
+    on CPUs with AMX-BF16 or AVX512-BF16, oneDNN's bf16 GEMM for every float32 matmul, forward and backward,
+    training and evaluation). ``""`` = the device's default: ``high`` on GPU (TF32 for the fp32 matmuls autocast
+    leaves), ``highest`` on CPU. Parameters, activations, optimizer state and checkpoints stay float32 either way;
+    only the matmul products are rounded. On a CPU without bf16 matmul support ``medium`` computes as ``highest``.
+    On CPU pair ``medium`` with ``backbone.attn_implementation='eager'``: torch's CPU flash-attention kernel (SDPA)
+    runs its small per-block GEMMs ~10x slower under bf16 products (docs/experiments.md §34)."""
 
 
 @dataclass(frozen=True)
@@ -540,6 +553,7 @@ def config_errors(cfg: TrialConfig) -> list[str]:
     check("train.strategy recipe.tied", lambda: tr.strategy != "deepspeed" or r.tied,
           "'deepspeed' cannot train the untied baseline (recipe.tied=False): use 'ddp' or 'fsdp' (docs/distributed.md)")
     one_of("train.zero_stage", ZERO_STAGES)
+    one_of("train.float32_matmul_precision", FLOAT32_MATMUL_PRECISIONS)
     if tr.accelerator_type and "train.accelerator_type" not in bad:  # its name: par_ray.trial.registry_errors
         check("train.accelerator_type train.use_gpu", lambda: tr.use_gpu is True,
               f"{tr.accelerator_type!r} selects GPU nodes, so it needs train.use_gpu=true (or '' on CPU)")

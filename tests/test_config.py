@@ -261,6 +261,16 @@ def test_accelerator_type_is_a_known_gpu_type_of_a_gpu_trial():
         validate(with_overrides(TrialConfig(), train={"accelerator_type": "H100"}))
 
 
+def test_float32_matmul_precision_takes_torchs_names_or_the_device_default():
+    assert TrialConfig().train.float32_matmul_precision == ""
+    for value in ("highest", "high", "medium"):
+        cfg = validate(from_flat({"train.float32_matmul_precision": value}))
+        assert from_flat(to_flat(cfg)) == cfg and cfg.train.float32_matmul_precision == value
+    with pytest.raises(ValueError, match=r"train\.float32_matmul_precision: 'low' is not one of \['', 'highest', "
+                                         r"'high', 'medium'\]"):
+        validate(from_flat({"train.float32_matmul_precision": "low"}))
+
+
 def test_compile_is_a_flat_bool_and_refused_with_the_cot_baseline():
     assert TrialConfig().train.compile is False
     cfg = validate(from_flat({"train.compile": "true"}))  # --set train.compile=true

@@ -285,6 +285,29 @@ def test_evaluation_runs_under_the_training_precision(strategy, monkeypatch):
     assert {"acc_d4", "acc_d8", "loss_k1", "eval_seconds"} <= set(metrics) and metrics["eval_seconds"] > 0
 
 
+def test_medium_matmul_precision_rounds_the_products_only():
+    """``train.float32_matmul_precision``: ``""`` is TF32 (``high``) on CUDA and IEEE float32 elsewhere; ``medium``
+    trains with bf16 matmul products where the CPU has them (oneDNN, AMX-BF16 / AVX512-BF16): parameters stay float32
+    and three steps' losses stay within 1 % of float32's, though not equal to them."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert strategies.matmul_precision(TRAIN, cpu) == "highest"
+    assert strategies.matmul_precision(TRAIN, cuda) == "high"
+    medium_cfg = dataclasses.replace(TRAIN, float32_matmul_precision="medium")
+    assert strategies.matmul_precision(medium_cfg, cpu) == strategies.matmul_precision(medium_cfg, cuda) == "medium"
+    losses = {}
+    try:
+        for precision in ("highest", "medium"):
+            torch.set_float32_matmul_precision(precision)
+            engine, task = engine_for("ddp")
+            losses[precision] = run_steps(engine, task, range(3))
+            assert {p.dtype for p in engine.raw.parameters()} == {torch.float32}
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert losses["medium"] == pytest.approx(losses["highest"], rel=1e-2)
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # the bf16 products ran: the numbers moved
+        assert losses["medium"] != losses["highest"]
+
+
 def test_streamed_probe_equals_the_stacked_logits_computation():
     """``probe_metrics`` reduces each iteration's read-out to its loss as it is computed; its ``loss_k``/``rms_k``
     equal exactly those of the computation that stacked every iteration's logits first (the probe before

@@ -183,6 +183,22 @@ def test_final_report_has_per_iteration_probe_and_checkpoint_holds_last_eval(tmp
     assert ev["acc"] == {4: m["acc_d4"], 8: m["acc_d8"]} and ev["G"] == m["G"]
 
 
+def test_every_worker_sets_the_configured_float32_matmul_precision(tmp_path, monkeypatch):
+    """``train.float32_matmul_precision`` reaches ``torch.set_float32_matmul_precision`` on the worker before its
+    first step (``strategies.matmul_precision``: ``""`` = ``highest`` on CPU), for training and evaluation alike."""
+    seen = []
+    set_precision = torch.set_float32_matmul_precision
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda p: (seen.append(p), set_precision(p)))
+    try:
+        for precision, want in (("medium", "medium"), ("", "highest")):
+            seen.clear()
+            fit_local(tiny(float32_matmul_precision=precision, steps=1, eval_every=1), tmp_path / (precision or "x"),
+                      export=None)
+            assert seen == [want]
+    finally:
+        set_precision("highest")
+
+
 def test_diverging_trial_fails_at_once_naming_step_and_loss(tmp_path):
     with pytest.raises(Exception) as e:
         fit_local(tiny(lr=1e30, grad_clip=0.0, steps=6), tmp_path, export=None)

@@ -38,7 +38,8 @@ deepspeed  a full fp32 copy per rank, NOT sharded under ZeRO-3     rank 0: ``ema
 Devices and precision: on GPU, bf16 (autocast for ddp/fsdp, FSDP2 keeps bf16 unsharded params and fp32 gradient
 reduction; DeepSpeed's own ``bf16`` mode) with NCCL; on CPU, float32 with gloo (bf16 autocast on CPU is slow and
 changes the numbers the CPU parity tests compare). What each backend cannot do on CPU is said where it is handled
-and in ``docs/distributed.md``.
+and in ``docs/distributed.md``. The float32 matmuls' internal precision is ``train.float32_matmul_precision``
+(:func:`matmul_precision`): TF32 on GPU by default; on CPU IEEE float32, or bf16 products with ``medium``.
 """
 
 from __future__ import annotations
@@ -185,6 +186,13 @@ class Engine:
     def load(self, directory: str) -> dict:
         """Restore what :meth:`save` wrote, into this engine's sharding; returns ``extra``."""
         return self.checkpoint.load(self, directory)
+
+
+def matmul_precision(train_cfg, device: torch.device) -> str:
+    """The ``torch.set_float32_matmul_precision`` value a worker on ``device`` runs with: ``train_cfg``'s
+    ``float32_matmul_precision``, or where that is ``""`` the device's default — ``high`` on CUDA (TF32 for the
+    float32 matmuls autocast leaves), ``highest`` elsewhere (IEEE float32, the numbers the CPU parity tests compare)."""
+    return train_cfg.float32_matmul_precision or ("high" if device.type == "cuda" else "highest")
 
 
 def _ema_copy(model: nn.Module, train_cfg) -> nn.Module:
