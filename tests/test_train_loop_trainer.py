@@ -187,6 +187,7 @@ def test_every_worker_sets_the_configured_float32_matmul_precision(tmp_path, mon
     """``train.float32_matmul_precision`` reaches ``torch.set_float32_matmul_precision`` on the worker before its
     first step (``strategies.matmul_precision``: ``""`` = ``highest`` on CPU), for training and evaluation alike."""
     seen = []
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)  # medium sets it here: undone afterwards
     set_precision = torch.set_float32_matmul_precision
     monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda p: (seen.append(p), set_precision(p)))
     try:

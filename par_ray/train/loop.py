@@ -53,7 +53,7 @@ from par_ray.schedules import stretch_cap
 from par_ray.stages import frozen_parameters, stage_at
 from par_ray.train.checkpoint import export_model, read_extra
 from par_ray.train.step import build_step_loss, train_step
-from par_ray.train.strategies import World, matmul_precision, prepare
+from par_ray.train.strategies import World, prepare, set_matmul_precision
 from par_ray.trial import VocabLayout, resolve
 
 RESUME_FREE_FIELDS = frozenset({"train.num_workers", "train.accelerator_type", "train.threads_per_worker",
@@ -285,7 +285,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
     threads = tc.threads_per_worker or (0 if tc.use_gpu else assigned_cpus())
     if threads:
         torch.set_num_threads(threads)
-    torch.set_float32_matmul_precision(matmul_precision(tc, world.device))
+    set_matmul_precision(tc, world.device)  # before the first matmul: oneDNN's cache (strategies)
     log = _Printer() if world.rank == 0 else _Silent()
 
     trial = resolve(cfg)  # stages, halting / EMA flags, vocabulary layout: once per worker (par_ray.trial)

@@ -39,7 +39,7 @@ Devices and precision: on GPU, bf16 (autocast for ddp/fsdp, FSDP2 keeps bf16 uns
 reduction; DeepSpeed's own ``bf16`` mode) with NCCL; on CPU, float32 with gloo (bf16 autocast on CPU is slow and
 changes the numbers the CPU parity tests compare). What each backend cannot do on CPU is said where it is handled
 and in ``docs/distributed.md``. The float32 matmuls' internal precision is ``train.float32_matmul_precision``
-(:func:`matmul_precision`): TF32 on GPU by default; on CPU IEEE float32, or bf16 products with ``medium``.
+(:func:`set_matmul_precision`): TF32 on GPU by default; on CPU IEEE float32, or bf16 products with ``medium``.
 """
 
 from __future__ import annotations
@@ -188,11 +188,31 @@ class Engine:
         return self.checkpoint.load(self, directory)
 
 
+ONEDNN_PRIMITIVE_CACHE = 16384
+"""oneDNN primitive cache capacity a CPU worker with bf16 matmul products asks for (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
+oneDNN's default 1,024). Under ``medium`` every float32 matmul is a oneDNN primitive, one per shape; a curriculum trial
+meets thousands of shapes (lengths, read-out widths, forward and backward), so the default cache kept evicting and
+re-creating (JIT-compiling) them: ~5,700 creations in a 300-step proxy, 2,430 with this capacity, and two trials side
+by side ran their last phase ~20 % faster (docs/experiments.md §34)."""
+
+
 def matmul_precision(train_cfg, device: torch.device) -> str:
     """The ``torch.set_float32_matmul_precision`` value a worker on ``device`` runs with: ``train_cfg``'s
     ``float32_matmul_precision``, or where that is ``""`` the device's default — ``high`` on CUDA (TF32 for the
     float32 matmuls autocast leaves), ``highest`` elsewhere (IEEE float32, the numbers the CPU parity tests compare)."""
     return train_cfg.float32_matmul_precision or ("high" if device.type == "cuda" else "highest")
+
+
+def set_matmul_precision(train_cfg, device: torch.device) -> str:
+    """Set this process's float32 matmul precision for a worker on ``device`` (:func:`matmul_precision`) and return
+    it. With bf16 products on CPU (``medium``) it also raises oneDNN's primitive cache to :data:`ONEDNN_PRIMITIVE_CACHE`
+    unless ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is set already; oneDNN reads it when it creates its first primitive,
+    so call this before the first matmul (the training loop does, first thing on every worker)."""
+    precision = matmul_precision(train_cfg, device)
+    if precision == "medium" and device.type == "cpu":
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_PRIMITIVE_CACHE))
+    torch.set_float32_matmul_precision(precision)
+    return precision
 
 
 def _ema_copy(model: nn.Module, train_cfg) -> nn.Module:
