@@ -18,8 +18,9 @@ Parts, in priority order (``--parts`` picks some; the rest are listed as left ou
                 report's mean step time), peak memory vs ``par_ray.planner.plan_trial``, evaluation vs training
                 seconds, the export's bytes.
 ``sweep``       ``sweeps/backbone_scaling.py --preset paper --backbones qwen2.5-0.5b --seeds 0 --model-dir
-                MODEL_DIR --gpu-types H200`` (Ray Tune over a Ray Train worker with its NCCL group, MLflow in a
-                SQLite store) at a few steps: the parent and child runs and their metrics are checked in the store,
+                MODEL_DIR --gpu-types TYPE`` (TYPE: the lent card as Ray names it, ``H100`` or ``H200``, found on
+                the machine; Ray Tune over a Ray Train worker with its NCCL group, MLflow in a SQLite store) at a
+                few steps: the parent and child runs and their metrics are checked in the store,
                 which comes back as ``sweep_store.tar.gz`` (``mlflow.db``, ``mlartifacts/``, ``analysis/``); polars
                 is not carried (``benchmarks/gpu_bundle.txt``), so ``python -m analysis`` runs on it here.
 ``cli_fsdp``, ``cli_deepspeed``
@@ -65,8 +66,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXIT_FAILED, EXIT_NO_CUDA, EXIT_DRY_RUN_ON_GPU = 1, 3, 4
 PAPER_HUB_ID = "Qwen/Qwen2.5-0.5B"
-DEVICE_TYPE = "H200"
-"""The lent machine's GPU as Ray names it (``--gpu-types``, ``train.accelerator_type``)."""
 IMPORTS = ("ray", "ray.train", "ray.tune", "mlflow", "optuna", "deepspeed", "sqlalchemy", "alembic", "torch",
            "transformers")
 
@@ -107,6 +106,9 @@ class Session:
     env: dict = field(default_factory=dict)
     doc: dict = field(default_factory=dict)
     log: object = None
+    device_type: str = ""
+    """The lent GPU as Ray names its type (``--gpu-types``, ``train.accelerator_type``: ``H100``, ``H200``), found on
+    the machine (:func:`_cuda_device`): the device tool lends either kind; ``""`` dry."""
 
     @property
     def model_dir(self) -> Path:
@@ -319,7 +321,7 @@ def _cli_argv(s: Session, name: str, strategy: str | None = None, steps: int | N
                  "--set", "train.report_every=4", "--set", "eval.num_sequences=8", "--set", "eval.batch_size=8"]
     else:
         argv += ["--model-dir", str(s.model_dir), "--steps", str(steps or 200), "--eval-depths", "32,128",
-                 "--set", f"train.accelerator_type={DEVICE_TYPE}", "--set", "train.report_every=50",
+                 "--set", f"train.accelerator_type={s.device_type}", "--set", "train.report_every=50",
                  "--set", "eval.num_sequences=128", *_GPU_BRACKETS]
     argv += ["--set", "train.eval_every=1000000", "--set", "train.checkpoint_every=1000000"]
     if strategy:
@@ -414,7 +416,7 @@ def sweep(s: Session, limit: float) -> dict:
         if not (s.model_dir / PAPER_HUB_ID / "config.json").is_file():
             write_model_dir(s, min(limit / 2, 90))
         argv += ["--preset", "paper", "--backbones", "qwen2.5-0.5b", "--model-dir", str(s.model_dir),
-                 "--gpu-types", DEVICE_TYPE, "--set", "train.steps=40", "--set", "train.report_every=20",
+                 "--gpu-types", s.device_type, "--set", "train.steps=40", "--set", "train.report_every=20",
                  "--set", "train.eval_every=40", "--set", "train.checkpoint_every=40", "--set", "eval.depths=16,32",
                  "--set", "eval.num_sequences=128", *_GPU_BRACKETS]
     t0 = time.perf_counter()
@@ -486,13 +488,20 @@ JOBS = {"install": install, "gpu_check": gpu_check, "cli_paper": cli_paper, "swe
 
 # ----------------------------------------------------------------------------------------------------------------------
 
-def _cuda_available(python: str) -> bool | None:
+_DEVICE_PROBE = ("import json, torch\n"
+                 "from par_ray.hardware import ray_accelerator_type\n"
+                 "name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ''\n"
+                 "print(json.dumps(ray_accelerator_type(name) if name else ''))")
+
+
+def _cuda_device(python: str, env: dict) -> str | None:
+    """The first GPU ``python`` sees as Ray names its type (``par_ray.hardware.ray_accelerator_type``: "NVIDIA H100
+    80GB HBM3" → ``H100``), ``""`` where CUDA is not available, ``None`` where the probe itself failed."""
     try:
-        out = subprocess.run([python, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True,
-                             text=True, timeout=120)
-    except (OSError, subprocess.SubprocessError):
+        out = subprocess.run([python, "-c", _DEVICE_PROBE], capture_output=True, text=True, timeout=120, env=env)
+        return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
-    return out.stdout.strip().endswith("True") if out.returncode == 0 else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -550,8 +559,9 @@ def main(argv: list[str] | None = None) -> int:
              "budget_s": budget, "python": s.python, "parts": {}, "passed": False}
     s.log = open(out / "session.log", "w")
     t_start = time.monotonic()
-    cuda = _cuda_available(s.python)
-    s.doc["cuda_available"] = cuda
+    s.device_type = _cuda_device(s.python, s.env) or ""
+    cuda = bool(s.device_type)
+    s.doc.update(cuda_available=cuda, device_type=s.device_type)
     if not s.dry and not cuda:
         s.doc["error"] = f"CUDA is not available to {s.python}: nothing was run (pass --dry-run for the CPU path)"
         s.say(s.doc["error"])

@@ -31,20 +31,33 @@ def test_gpu_run_without_cuda_and_dry_run_with_cuda_are_refused(tmp_path, monkey
     """Never CPU numbers where the GPU's are expected: a GPU session without CUDA exits 3, a dry one where CUDA is
     available exits 4; neither runs a part."""
     session = _load()
-    monkeypatch.setattr(session, "_cuda_available", lambda python: False)
+    monkeypatch.setattr(session, "_cuda_device", lambda python, env: "")
     assert session.main(["--out", str(tmp_path / "a"), "--work", str(tmp_path / "w")]) == session.EXIT_NO_CUDA == 3
     doc = _doc(tmp_path / "a")
     assert "CUDA is not available" in doc["error"] and doc["parts"] == {} and doc["passed"] is False
-    monkeypatch.setattr(session, "_cuda_available", lambda python: True)
+    monkeypatch.setattr(session, "_cuda_device", lambda python, env: "H100")
     assert session.main(["--out", str(tmp_path / "b"), "--work", str(tmp_path / "w"), "--dry-run"]) == 4
     assert "--dry-run on a machine with CUDA" in _doc(tmp_path / "b")["error"]
+
+
+def test_the_gpu_parts_ask_ray_for_the_card_the_machine_has(tmp_path):
+    """The device tool lends an H100 or an H200: the CLI trial and the sweep name the card the probe found on the
+    machine (a fixed ``H200`` left an H100's trial pending on a resource no node has), and the probe itself reads
+    ``""`` on a machine without CUDA."""
+    session = _load()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    assert session._cuda_device(sys.executable, env) == ""
+    s = session.Session(dry=False, out=tmp_path, work=tmp_path, python=sys.executable, bundle=tmp_path / "b",
+                        device_type="H100")
+    argv, _ = session._cli_argv(s, "cli_paper")
+    assert "train.accelerator_type=H100" in argv and not any("H200" in a for a in argv)
 
 
 def test_a_part_that_did_nothing_fails_and_parts_out_of_time_are_not_a_pass(tmp_path, monkeypatch):
     """``install`` without a bundle fails (no quiet pass), parts not asked for are listed as left out, and a part the
     budget leaves no time for fails the session (only the optional ``g4_timing`` may be left that way)."""
     session = _load()
-    monkeypatch.setattr(session, "_cuda_available", lambda python: False)
+    monkeypatch.setattr(session, "_cuda_device", lambda python, env: "")
     out = tmp_path / "out"
     argv = ["--dry-run", "--out", str(out), "--work", str(tmp_path / "w"), "--bundle", str(tmp_path / "none.tar.xz")]
     assert session.main([*argv, "--parts", "install"]) == 1
