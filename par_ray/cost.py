@@ -444,7 +444,9 @@ def trial_cost(cfg: TrialConfig, table: Table | None = None) -> TrialCost:
                          f"--prices")
     threads = 1 if tr.use_gpu else max(1, tr.threads_per_worker)
     peak = dev.peak_tflops * 1e12 * threads
-    mfu_t, mfu_e = table.mfu_of(name, "train", compiled=tr.compile), table.mfu_of(name, "eval")
+    medium = tr.float32_matmul_precision == "medium"  # bf16 products ("" is the device default, never medium)
+    mfu_t = table.mfu_of(name, "train", compiled=tr.compile, medium=medium)
+    mfu_e = table.mfu_of(name, "eval", medium=medium)
     fl = trial_flops(cfg)
     node = dev.price(tr.num_workers)
     if name == "CPU" and node is None:  # this machine's cores (the local preset): no bill unless priced

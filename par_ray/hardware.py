@@ -121,9 +121,14 @@ ANY_GPU = "H100"
 """The type a GPU trial without ``train.accelerator_type`` is costed as: the paper preset then plans for an 80 GB
 GPU of any type (``par_ray.presets.PAPER_GPU_MEMORY_GB``)."""
 
-DEFAULT_MFU = {"gpu": {"train": 0.25, "eval": 0.15}, "cpu": {"train": 0.38, "train_compiled": 0.70, "eval": 0.42}}
-"""Assumed MFU by device kind and phase (``train``, ``eval``; ``train_compiled``: training with ``train.compile``,
-where a kind has it, else ``train``), until a measurement replaces it. GPU: the trials' matmuls are small
+DEFAULT_MFU = {"gpu": {"train": 0.25, "eval": 0.15},
+               "cpu": {"train": 0.38, "train_compiled": 0.70, "train_compiled_medium": 0.84,
+                       "eval": 0.42, "eval_medium": 0.45}}
+"""Assumed MFU by device kind and phase (``train``, ``eval``), until a measurement replaces it. A phase may have
+variants a kind sets where they differ: ``_compiled`` for training with ``train.compile`` and ``_medium`` for
+``train.float32_matmul_precision='medium'`` (bf16 products); :meth:`Table.mfu_of` takes the most specific one the
+kind has (``train_compiled_medium``, then ``train_compiled``, then ``train``). On CPU every MFU is against the IEEE
+float32 peak, so a ``_medium`` one may pass 1. GPU: the trials' matmuls are small
 (B·T of a few thousand tokens, hidden 896–3584) and the loop adds many small kernels per iteration, so a quarter of
 the bf16 peak in training and less in evaluation (smaller batches per call, the readout's narrow matmuls) — no GPU
 has measured it yet (``benchmarks/gpu_check.py`` does).
@@ -143,11 +148,18 @@ local trial: 0.42 vs 0.49 moves its planned wall ~2 %). ``train_compiled`` is th
 (``presets.LOCAL_CURRICULUM``: d_train 16 on a length curriculum, compiled decoder layers, two trials side by side on
 the same VM): 0.65–0.72 measured by the main job's trials and 0.60–0.70 by the ablations sweep's (December 2026,
 docs/experiments.md §26), against the eager 0.38, which planned those trials at twice their time; on a slower Intel
-machine two 4,500-step trials reached 0.57 / 0.58 of this peak and took 2–3 % longer than planned (§33). What a
-trial reaches inside a Ray sweep is measured by ``python -m analysis`` (``cost_overrides.json``)."""
+machine two 4,500-step trials reached 0.57 / 0.58 of this peak and took 2–3 % longer than planned (§33).
+``train_compiled_medium`` and ``eval_medium`` (bf16 matmul products, ``train.float32_matmul_precision='medium'``, with
+eager attention) are ``train_compiled`` and ``eval`` times what the same 4,500-step trial reached with bf16 products
+over float32 on that Intel machine with AMX-BF16 (training 0.444 / 0.371 = 1.20, evaluation 1.241 / 1.168 = 1.06,
+§35); on a CPU without bf16 matmuls such a trial computes in float32 and takes ~1.2x its plan. A trial on two threads
+(``train.threads_per_worker`` 2) reaches less of its doubled peak than one thread does of its own (0.37 against
+0.57): plan those with a measured MFU (``--prices``). What a trial reaches inside a Ray sweep is measured by
+``python -m analysis`` (``cost_overrides.json``)."""
 
-MFU_PHASES = ("train", "train_compiled", "eval")
-"""The phases a price file's ``[mfu.gpu]`` / ``[mfu.cpu]`` may set (:data:`DEFAULT_MFU`)."""
+MFU_PHASES = ("train", "train_compiled", "train_medium", "train_compiled_medium", "eval", "eval_medium")
+"""The phases a price file's ``[mfu.gpu]`` / ``[mfu.cpu]`` may set (:data:`DEFAULT_MFU`): in (0, 1], a ``_medium``
+one in (0, 4] (bf16 products against the float32 peak)."""
 
 
 @dataclass(frozen=True)
@@ -166,15 +178,20 @@ class Table:
                              f"({sorted(self.devices)}; add it with --prices)")
         return name, self.devices[name]
 
-    def mfu_of(self, name: str, phase: str, compiled: bool = False) -> float:
-        """MFU of ``phase`` (``train`` or ``eval``) on device ``name``: measured if known, else the default;
-        ``compiled`` training (``train.compile``) takes the kind's ``train_compiled`` default where it has one."""
+    def mfu_of(self, name: str, phase: str, compiled: bool = False, medium: bool = False) -> float:
+        """MFU of ``phase`` (``train`` or ``eval``) on device ``name``: measured if known, else the kind's most
+        specific default (:data:`DEFAULT_MFU`): ``compiled`` training (``train.compile``) takes ``train_compiled``,
+        ``medium`` (bf16 matmul products) a ``_medium`` variant, where the kind has them."""
         dev = self.devices[name]
         measured = dev.mfu_train if phase == "train" else dev.mfu_eval
         if measured:
             return measured
         assumed = self.mfu["cpu" if name == "CPU" else "gpu"]
-        return assumed.get("train_compiled", assumed["train"]) if phase == "train" and compiled else assumed[phase]
+        base = phase + ("_compiled" if compiled and phase == "train" else "")
+        for key in (base + "_medium" if medium else base, base, phase):
+            if key in assumed:
+                return assumed[key]
+        raise KeyError(f"no MFU for phase {phase!r} of {name!r}")
 
 
 def load_table(path: str | None = None) -> Table:
@@ -222,9 +239,10 @@ def load_table(path: str | None = None) -> Table:
     mfu = data.get("mfu") or {}
     for kind, phases in (mfu.items() if isinstance(mfu, dict) else [("", mfu)]):
         for phase, value in (phases.items() if isinstance(phases, dict) else [("", phases)]):
-            if kind not in table.mfu or phase not in MFU_PHASES or not _fraction(value):
-                errs.append(f"mfu.{kind}.{phase}: expected mfu.gpu|cpu.{'|'.join(MFU_PHASES)} in (0, 1], "
-                            f"got {value!r}")
+            ok = _fraction(value) or (str(phase).endswith("_medium") and _number(value) and 0 < value <= 4)
+            if kind not in table.mfu or phase not in MFU_PHASES or not ok:
+                errs.append(f"mfu.{kind}.{phase}: expected mfu.gpu|cpu.{'|'.join(MFU_PHASES)} in (0, 1] (a _medium "
+                            f"one in (0, 4]), got {value!r}")
             else:
                 table.mfu[kind][phase] = float(value)
     fields = set(Device.__dataclass_fields__)
@@ -319,7 +337,8 @@ def _from_gpu_check(doc: dict, path: str) -> dict:
     dev = DEVICES.get(name)
     if dev is None or dev.peak_tflops is None:
         raise ValueError(f"--prices: {path!r} ran on {device!r} ({name}), which has no bf16 peak in "
-                         f"par_ray/hardware.py DEVICES; known: {sorted(n for n, d in DEVICES.items() if d.peak_tflops)}")
+                         f"par_ray/hardware.py DEVICES; known: "
+                         f"{sorted(n for n, d in DEVICES.items() if d.peak_tflops)}")
     return {"devices": {name: {"mfu_train": flops_per_s / (dev.peak_tflops * 1e12),
                                "mfu_source": f"{path} (benchmarks/gpu_check.py, {doc.get('started', '?')})"}}}
 

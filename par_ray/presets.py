@@ -113,7 +113,6 @@ LOCAL_CURRICULUM = {
     "eval.num_sequences": 128, "eval.num_sequences_fine": 32, "eval.batch_size": 128,
     "eval.bracket_max_sequences": 1024, "eval.bracket_min_sequences": 512, "eval.bracket_block": 128,
     "train.compile": True, "recipe.read_every": 1,
-    "train.float32_matmul_precision": "medium", "backbone.attn_implementation": "eager",
 }
 """The length curriculum that extrapolates at CPU scale (docs/experiments.md §28): d_train ramps 6 → 11 → 16 over
 3,000 steps (1,000 per phase; the iterations before the gradient window run without autograd), state noise σ 0.1,
@@ -124,12 +123,11 @@ every depth to 32, then ratio ≤ 1.25; 128 sequences at 16 / 32 / 64 / 128 and 
 blocks of 128 at the two depths that bracket the midpoint crossing until each has >= 512 and its 95 % interval
 excludes the midpoint, or 1,024 (``eval.bracket_*``). A trial trains ~28 min on one core of the reference machine.
 Over seeds 0-4 nine of ten models reach interpolated G >= 4; the exception (tiny-qwen3 seed 4, 2.79) reaches >= 8
-with a longer last phase, ``train.steps`` 4,500 (~45 min of training a trial), which lifts every model measured so
-far (nine of the ten, all with interpolated G >= 4; docs/experiments.md §29, §32, §33)."""
+with a longer last phase, ``train.steps`` 4,500 (~45 min of training a trial), which lifts all ten to interpolated
+G >= 4, nine of them >= 8 (docs/experiments.md §29, §32, §33, §35)."""
 LOCAL_CURRICULUM_SHORT = {**LOCAL_CURRICULUM, "task.curriculum_steps": 500, "train.steps": 1500,
                           "train.eval_every": 1500, "train.checkpoint_every": 500, "recipe.read_every": 2,
-                          "eval.bracket_max_sequences": 512, "eval.bracket_min_sequences": 256,
-                          "train.float32_matmul_precision": "", "backbone.attn_implementation": "sdpa"}
+                          "eval.bracket_max_sequences": 512, "eval.bracket_min_sequences": 256}
 """:data:`LOCAL_CURRICULUM` at half the steps (500 per phase) and every other iteration of the gradient window read
 out, in phase with ⌈d/c⌉ (``recipe.read_every`` 2, ~20 % off a step), brackets of 256 to 512 sequences: the budget of
 the local ablations sweep (9 trials in ~1 h on 2 cores; docs/experiments.md §26). It does not extrapolate far (the

@@ -245,8 +245,30 @@ def test_compiled_cpu_training_is_planned_at_its_own_mfu(tmp_path):
     path.write_text('[devices.CPU]\nmfu_train = 0.6\n')
     assert hardware.load_table(str(path)).mfu_of("CPU", "train", compiled=True) == 0.6
     path.write_text('[mfu.cpu]\ntrain_fast = 0.5\n')
-    with pytest.raises(ValueError, match=r"mfu.cpu.train_fast: expected mfu.gpu\|cpu.train\|train_compiled\|eval"):
+    with pytest.raises(ValueError, match=r"mfu.cpu.train_fast: expected mfu.gpu\|cpu.train\|train_compiled\|"
+                                         r"train_medium\|train_compiled_medium\|eval\|eval_medium in \(0, 1\]"):
         hardware.load_table(str(path))
+
+
+def test_bf16_product_trials_are_planned_at_their_own_mfu(tmp_path):
+    """``train.float32_matmul_precision='medium'`` (the local curriculum's bf16 products) plans at the kind's
+    ``_medium`` MFUs, which on CPU are against the float32 peak and may pass 1; a kind without them (GPUs) falls back
+    to its plain ones."""
+    table = hardware.load_table()
+    compiled = with_overrides(validate(local_trial()), train=dict(compile=True))
+    medium = with_overrides(compiled, train=dict(float32_matmul_precision="medium"))
+    plan = cost.trial_cost(medium, table)
+    assert plan.mfu_train == table.mfu["cpu"]["train_compiled_medium"] != table.mfu["cpu"]["train_compiled"]
+    assert plan.mfu_eval == table.mfu["cpu"]["eval_medium"]
+    assert cost.trial_cost(compiled, table).mfu_train == table.mfu["cpu"]["train_compiled"]
+    assert table.mfu_of("H100", "train", compiled=True, medium=True) == table.mfu["gpu"]["train"]
+    path = tmp_path / "prices.toml"
+    path.write_text('[mfu.cpu]\ntrain_compiled_medium = 1.2\n')
+    assert hardware.load_table(str(path)).mfu_of("CPU", "train", compiled=True, medium=True) == 1.2
+    for bad in ("train_compiled_medium = 5.0", "train_compiled = 1.2"):
+        path.write_text(f"[mfu.cpu]\n{bad}\n")
+        with pytest.raises(ValueError, match=r"a _medium one in \(0, 4\]"):
+            hardware.load_table(str(path))
 
 
 def test_cost_names_come_from_the_tracking_schema():
@@ -311,7 +333,8 @@ def test_price_file_overrides_prices_peaks_and_mfu(tmp_path):
     assert c.usd_per_gpu_hour == 1.0 and c.usd_spot_per_gpu_hour == 0.5
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"devices": {"H100": {"peak": 1}}, "mfu": {"gpu": {"train": 2}}}))
-    with pytest.raises(ValueError, match=r"(?s)--prices .*mfu.gpu.train: .*devices.H100: unknown field\(s\) \['peak'\]"):
+    with pytest.raises(ValueError,
+                       match=r"(?s)--prices .*mfu.gpu.train: .*devices.H100: unknown field\(s\) \['peak'\]"):
         hardware.load_table(str(bad))
 
 
