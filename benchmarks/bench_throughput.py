@@ -273,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="compile the decoder layers (train.compile); compile time reported apart, not timed")
     step.add_argument("--matmul-precision", choices=["highest", "high", "medium"], default="highest",
                       help="torch.set_float32_matmul_precision for the steps (train.float32_matmul_precision; "
-                           "medium: bf16 products on CPUs with AMX/AVX512-BF16); the machine peak stays IEEE fp32's")
+                           "medium: bf16 products on CPUs with AMX-BF16); the machine peak stays IEEE fp32's")
     timing = ap.add_argument_group("timing and output")
     timing.add_argument("--steps", type=int, default=20, help="timed steps per shape (the median is reported)")
     timing.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")

@@ -263,10 +263,11 @@ class TrainConfig:
     """Internal precision of the float32 matmuls on every worker, as ``torch.set_float32_matmul_precision`` names
     it (one of ``FLOAT32_MATMUL_PRECISIONS``; ``par_ray.train.strategies.matmul_precision``): ``highest`` (IEEE
     float32), ``high`` (TF32 where the device has it), ``medium`` (also bfloat16 products with float32 accumulation:
-    on CPUs with AMX-BF16 or AVX512-BF16, oneDNN's bf16 GEMM for every float32 matmul, forward and backward,
+    on CPUs with AMX-BF16, oneDNN's bf16 GEMM for every float32 matmul, forward and backward,
     training and evaluation). ``""`` = the device's default: ``high`` on GPU (TF32 for the fp32 matmuls autocast
     leaves), ``highest`` on CPU. Parameters, activations, optimizer state and checkpoints stay float32 either way;
-    only the matmul products are rounded. On a CPU without bf16 matmul support ``medium`` computes as ``highest``.
+    only the matmul products are rounded. On a CPU without AMX ``medium`` keeps float32 accuracy (an AVX512-BF16 AMD
+    EPYC ran other float32 kernels, docs/experiments.md §35).
     On CPU pair ``medium`` with ``backbone.attn_implementation='eager'``: torch's CPU flash-attention kernel (SDPA)
     runs its small per-block GEMMs ~10x slower under bf16 products (docs/experiments.md §34)."""
 

@@ -149,10 +149,10 @@ local trial: 0.42 vs 0.49 moves its planned wall ~2 %). ``train_compiled`` is th
 the same VM): 0.65–0.72 measured by the main job's trials and 0.60–0.70 by the ablations sweep's (December 2026,
 docs/experiments.md §26), against the eager 0.38, which planned those trials at twice their time; on a slower Intel
 machine two 4,500-step trials reached 0.57 / 0.58 of this peak and took 2–3 % longer than planned (§33).
-``train_compiled_medium`` and ``eval_medium`` (bf16 matmul products, ``train.float32_matmul_precision='medium'``, with
-eager attention) are ``train_compiled`` and ``eval`` times what the same 4,500-step trial reached with bf16 products
-over float32 on that Intel machine with AMX-BF16 (training 0.444 / 0.371 = 1.20, evaluation 1.241 / 1.168 = 1.06,
-§35); on a CPU without bf16 matmuls such a trial computes in float32 and takes ~1.2x its plan. A trial on two threads
+``train_compiled_medium`` and ``eval_medium`` (``train.float32_matmul_precision='medium'`` with eager attention) are
+``train_compiled`` and ``eval`` times what a 4,500-step trial reached under ``medium`` over float32 (training 0.444 /
+0.371 = 1.20, evaluation 1.241 / 1.168 = 1.06, on an AMD EPYC where ``medium`` ran other float32 kernels, §35); with
+AMX-BF16's bf16 products two trials side by side ran their last phase ~1.2x faster as well (§34). A trial on two threads
 (``train.threads_per_worker`` 2) reaches less of its doubled peak than one thread does of its own (0.37 against
 0.57): plan those with a measured MFU (``--prices``). What a trial reaches inside a Ray sweep is measured by
 ``python -m analysis`` (``cost_overrides.json``)."""
