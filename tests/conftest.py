@@ -175,6 +175,20 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def onednn_cache_env():
+    """``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` unset for the test and restored to its value before it afterwards (the name
+    is yielded): ``par_ray.train.strategies.set_matmul_precision`` sets it on a CPU worker under ``medium``, and
+    ``monkeypatch.delenv`` records nothing for a variable that was unset, so a value set by the code under test
+    would outlive the test."""
+    key = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+    saved = os.environ.pop(key, None)
+    yield key
+    os.environ.pop(key, None)
+    if saved is not None:
+        os.environ[key] = saved
+
+
 @pytest.fixture(scope="module", autouse=True)
 def no_stray_ray():
     """Fail the module that leaves a Ray instance running (and shut it down), rather than the next module whose

@@ -328,26 +328,22 @@ def test_medium_matmul_precision_rounds_the_products_only():
         assert losses["medium"] == pytest.approx(losses["highest"], rel=1e-5)
 
 
-def test_bf16_products_on_cpu_raise_onednns_primitive_cache_unless_set(monkeypatch):
+def test_bf16_products_on_cpu_raise_onednns_primitive_cache_unless_set(monkeypatch, onednn_cache_env):
     """``set_matmul_precision``: a CPU worker under ``medium`` asks oneDNN for a primitive cache of
     ``ONEDNN_PRIMITIVE_CACHE`` (one primitive per matmul shape); a value in the environment wins; other precisions
     and GPUs leave the environment alone."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     medium = dataclasses.replace(TRAIN, float32_matmul_precision="medium")
-    key = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-    try:
-        for cfg, device, env, want in ((TRAIN, cpu, None, None), (medium, cuda, None, None),
-                                       (medium, cpu, None, str(strategies.ONEDNN_PRIMITIVE_CACHE)),
-                                       (medium, cpu, "512", "512")):
-            monkeypatch.delenv(key, raising=False)
-            if env is not None:
-                monkeypatch.setenv(key, env)
-            monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda p: None)  # no CUDA state here
-            assert strategies.set_matmul_precision(cfg, device) == strategies.matmul_precision(cfg, device)
-            assert os.environ.get(key) == want
-    finally:
-        monkeypatch.undo()
-        torch.set_float32_matmul_precision("highest")
+    key = onednn_cache_env
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda p: None)  # no CUDA state here
+    for cfg, device, env, want in ((TRAIN, cpu, None, None), (medium, cuda, None, None),
+                                   (medium, cpu, None, str(strategies.ONEDNN_PRIMITIVE_CACHE)),
+                                   (medium, cpu, "512", "512")):
+        os.environ.pop(key, None)
+        if env is not None:
+            os.environ[key] = env
+        assert strategies.set_matmul_precision(cfg, device) == strategies.matmul_precision(cfg, device)
+        assert os.environ.get(key) == want
 
 
 def test_streamed_probe_equals_the_stacked_logits_computation():

@@ -183,11 +183,10 @@ def test_final_report_has_per_iteration_probe_and_checkpoint_holds_last_eval(tmp
     assert ev["acc"] == {4: m["acc_d4"], 8: m["acc_d8"]} and ev["G"] == m["G"]
 
 
-def test_every_worker_sets_the_configured_float32_matmul_precision(tmp_path, monkeypatch):
+def test_every_worker_sets_the_configured_float32_matmul_precision(tmp_path, monkeypatch, onednn_cache_env):
     """``train.float32_matmul_precision`` reaches ``torch.set_float32_matmul_precision`` on the worker before its
     first step (``strategies.matmul_precision``: ``""`` = ``highest`` on CPU), for training and evaluation alike."""
     seen = []
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)  # medium sets it here: undone afterwards
     set_precision = torch.set_float32_matmul_precision
     monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda p: (seen.append(p), set_precision(p)))
     try:
