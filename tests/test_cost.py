@@ -251,7 +251,7 @@ def test_compiled_cpu_training_is_planned_at_its_own_mfu(tmp_path):
 
 
 def test_bf16_product_trials_are_planned_at_their_own_mfu(tmp_path):
-    """``train.float32_matmul_precision='medium'`` (the local curriculum's bf16 products) plans at the kind's
+    """``train.float32_matmul_precision='medium'`` (bf16 products on a CPU with AMX, opt-in) plans at the kind's
     ``_medium`` MFUs, which on CPU are against the float32 peak and may pass 1; a kind without them (GPUs) falls back
     to its plain ones."""
     table = hardware.load_table()
