@@ -166,6 +166,20 @@ def local_reports():
 
 
 @pytest.fixture(scope="module")
+def ray_cluster():
+    """A private local Ray instance with 4 logical CPUs for a module's Ray Train tests (2 workers and the trial's
+    driver). A worker's report waits until the controller has polled the previous one (every 2 s by default); with a
+    report per step that poll, not training, would set the pace of these tests, so the poll runs every 0.2 s (Ray
+    Train propagates ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` from the driver to its controller and workers)."""
+    from par_ray.train.trainer import local_ray
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+        with local_ray(num_cpus=4, log_to_driver=False):
+            yield
+
+
+@pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module's tests: on the shared 2-core machine two spinning OpenMP threads make the tiny
     steps ~10x slower, and the planner measurements' allocations are the same. Restores the count afterwards."""

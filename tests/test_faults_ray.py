@@ -188,6 +188,27 @@ def test_cli_run_on_two_fsdp_workers_resumes_on_one_without_a_stale_shard(tmp_pa
     assert json.loads((out / "result.json").read_text())["config"]["train.num_workers"] == 1
 
 
+@contextlib.contextmanager
+def ray_head(temp_dir: Path, port: int, env: dict):
+    """``ray start --head --temp-dir temp_dir --port port`` (one CPU, no dashboard) under ``env``; yields the
+    CompletedProcess of ``ray start``, then stops this head only (``ray stop`` would stop every Ray instance on the
+    host: its processes are those whose command line names ``temp_dir``) and removes ``temp_dir``."""
+    import psutil
+
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    started = subprocess.run([ray_bin, "start", "--head", "--temp-dir", str(temp_dir), "--port", str(port),
+                              "--num-cpus", "1", "--include-dashboard", "false"], capture_output=True, text=True,
+                             timeout=300, env=env)
+    try:
+        yield started
+    finally:
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(str(temp_dir) in arg for arg in proc.info.get("cmdline") or []):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
 @pytest.fixture
 def auth_disabled():
     """``RAY_AUTH_MODE=disabled`` in this process for one test, then the previous value back and Ray's cached
@@ -206,36 +227,26 @@ def auth_disabled():
 def test_a_head_started_with_its_own_temp_dir_is_joined_and_named(tmp_path, monkeypatch, capsys, auth_disabled):
     """``ray start --head --temp-dir X`` writes ``X/ray_current_cluster``; the sweep finds it from the head's
     processes, as ``ray.init(address="auto")`` does, and says it joined it."""
-    import psutil
     import ray
 
     from par_ray.sweep import resources
 
     temp_dir = Path(f"/tmp/rt{os.getpid()}")  # short: Ray's socket paths must stay under 108 characters
     port = mlflow_ui.free_port()
-    ray_bin = str(Path(sys.executable).with_name("ray"))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    started = subprocess.run([ray_bin, "start", "--head", "--temp-dir", str(temp_dir), "--port", str(port),
-                              "--num-cpus", "1", "--include-dashboard", "false"], capture_output=True, text=True,
-                             timeout=300, env=env)
-    try:
+    with ray_head(temp_dir, port, env) as started:
         assert started.returncode == 0, started.stderr[-3000:]
-        assert (temp_dir / "ray_current_cluster").exists()
-        monkeypatch.delenv("RAY_ADDRESS", raising=False)
-        monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # nothing in the default place
-        address = resources.ray_address()
-        assert address.endswith(f":{port}")
-        assert resources.connect() is not None
-        ray.shutdown()
-        assert f"Ray: joined {address}" in capsys.readouterr().out
-    finally:
-        ray.shutdown()
-        # stop this head only (`ray stop` would stop every Ray instance on the host)
-        for proc in psutil.process_iter(["cmdline"]):
-            if any(str(temp_dir) in arg for arg in proc.info.get("cmdline") or []):
-                with contextlib.suppress(psutil.Error):
-                    proc.kill()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        try:
+            assert (temp_dir / "ray_current_cluster").exists()
+            monkeypatch.delenv("RAY_ADDRESS", raising=False)
+            monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # nothing in the default place
+            address = resources.ray_address()
+            assert address.endswith(f":{port}")
+            assert resources.connect() is not None
+            ray.shutdown()
+            assert f"Ray: joined {address}" in capsys.readouterr().out
+        finally:
+            ray.shutdown()
 
 
 @pytest.mark.full_only
@@ -243,17 +254,11 @@ def test_a_cluster_wanting_a_token_the_laptop_lacks_is_one_line(tmp_path):
     """A head started with token authentication; a sweep driver with no token (no ``RAY_AUTH_*``, no
     ``~/.ray/auth_token``: a fresh ``HOME``) gets one ``error:`` line naming the cluster and the variables to set,
     no traceback. Its own process, so this test process's cached auth state is not involved."""
-    import psutil
-
     temp_dir = Path(f"/tmp/rta{os.getpid()}")  # short: Ray's socket paths must stay under 108 characters
     port = mlflow_ui.free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
     head_env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "a" * 32}
-    ray_bin = str(Path(sys.executable).with_name("ray"))
-    started = subprocess.run([ray_bin, "start", "--head", "--temp-dir", str(temp_dir), "--port", str(port),
-                              "--num-cpus", "1", "--include-dashboard", "false"], capture_output=True, text=True,
-                             timeout=300, env=head_env)
-    try:
+    with ray_head(temp_dir, port, head_env) as started:
         assert started.returncode == 0, started.stderr[-3000:]
         (tmp_path / "home").mkdir()
         driver_env = {**base, "HOME": str(tmp_path / "home"), "RAY_ADDRESS": f"127.0.0.1:{port}",
@@ -272,23 +277,27 @@ def test_a_cluster_wanting_a_token_the_laptop_lacks_is_one_line(tmp_path):
             f"token for it; set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token"]
         assert "Traceback" not in r.stderr
         assert r.stderr.count("InvalidAuthToken") <= 2  # one attempt, not ray.init's ~20 s of retries
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str):
+    """A tmpfs of ``size`` (``mount -o size=…``) mounted at the new folder ``path``, unmounted afterwards; skips the
+    test where one cannot be mounted (not root, no mount namespace)."""
+    path.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if mount.returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield path
     finally:
-        for proc in psutil.process_iter(["cmdline"]):
-            if any(str(temp_dir) in arg for arg in proc.info.get("cmdline") or []):
-                with contextlib.suppress(psutil.Error):
-                    proc.kill()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 @pytest.mark.full_only
 def test_a_full_disk_ends_the_sweep_with_closed_runs_and_resume_completes(tmp_path, sweep_runs):
     """Storage on a small tmpfs that fills during the sweep; the MLflow store elsewhere. Skipped where tmpfs cannot
     be mounted (not root, no mount namespace)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=60m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with tmpfs(tmp_path / "disk", "60m") as disk:
         script = tmp_path / "sigterm_demo.py"
         script.write_text(LONG_SWEEP)
         filler = disk / "filler"
@@ -307,8 +316,6 @@ def test_a_full_disk_ends_the_sweep_with_closed_runs_and_resume_completes(tmp_pa
         assert second.returncode == 0, second.stderr[-3000:]
         _, children = sweep_runs(uri, "sigterm_demo")
         assert [(c.info.status, c.data.metrics["step"]) for c in children] == [("FINISHED", 12)]
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -353,11 +360,7 @@ def test_a_full_tracking_store_ends_the_sweep_in_one_line_and_resume_completes(t
     checkpoint is stored): one ``error:`` line as for a full storage disk, the runs closed or said not to be, no
     traceback; the checkpoints survive and ``--resume`` after freeing space completes in the same runs. Skipped where
     tmpfs cannot be mounted (not root, no mount namespace)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with tmpfs(tmp_path / "disk", "8m") as disk:
         script = tmp_path / "sigterm_demo.py"
         script.write_text(LONG_SWEEP)
         storage = tmp_path / "storage"
@@ -394,8 +397,6 @@ def test_a_full_tracking_store_ends_the_sweep_in_one_line_and_resume_completes(t
         parent, children = sweep_runs(f"sqlite:///{db}", "sigterm_demo")
         assert parent.info.status == "FINISHED"
         assert [(c.info.status, c.data.metrics["step"]) for c in children] == [("FINISHED", 24)]
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def _cli(*args: str) -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 from par_ray.config import EvalConfig, RecipeConfig, StageConfig, TaskConfig, TrainConfig, TrialConfig
 from par_ray.recipes import apply_recipe
 from par_ray.train.loop import is_timing_metric
-from par_ray.train.trainer import MetricsLog, build_trainer, local_ray
+from par_ray.train.trainer import MetricsLog, build_trainer
 from par_ray.trial import validate
 
 pytestmark = pytest.mark.ray
@@ -31,14 +31,6 @@ def trial(**train) -> TrialConfig:
     cfg = apply_recipe(base, "par_halt_posthoc")
     return validate(dataclasses.replace(cfg, stages=(StageConfig(), StageConfig(steps=3, recipe="halt_readout",
                                                                                 frozen="all_but_coda"))))
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
-        with local_ray(num_cpus=4, log_to_driver=False):
-            yield
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from par_ray.train.checkpoint import load_trained
 from par_ray.train import loop
 from par_ray.train.checkpoint import evaluate_trained
 from par_ray.train.strategies import build_deepspeed_ops
-from par_ray.train.trainer import MetricsLog, build_trainer, local_ray, torch_config
+from par_ray.train.trainer import MetricsLog, build_trainer, torch_config
 
 pytestmark = pytest.mark.ray
 # The MLflow callback and the worker function defined below run in Ray's processes, which cannot import a test module.
@@ -41,17 +41,6 @@ def trial(**train) -> TrialConfig:
         train=TrainConfig(batch_size=8, warmup_steps=2, report_every=1, **train),
         eval=EvalConfig(depths=(4, 8), num_sequences=16, batch_size=8),
     )
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    # A worker's report waits until the controller has polled the previous one (every 2 s by default); with a
-    # report per step that poll, not training, would set the pace of these tests. Ray Train propagates the variable
-    # from the driver to its controller and workers.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
-        with local_ray(num_cpus=4, log_to_driver=False):
-            yield
 
 
 @pytest.fixture(scope="module")
