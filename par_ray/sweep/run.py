@@ -404,6 +404,11 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     except BaseException as e:
         closed = _close_runs(tracker)
         cause = None if isinstance(e, KeyboardInterrupt) else stop_cause(e, storage)
+        if context is not None:  # as below: Ray's last forwarded lines before this sweep's last words, not after
+            import ray
+
+            with contextlib.suppress(Exception):
+                ray.shutdown()
         what = ("the MLflow tracking store" if isinstance(cause, tracking.TrackingStoreError) else "a full disk"
                 if cause is not None else type(e).__name__)
         print(f"\nsweep {spec.name} stopped by {what}; {closed}. {RESUME_HINT}", file=sys.stderr, flush=True)
