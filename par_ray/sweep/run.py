@@ -404,22 +404,26 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     except BaseException as e:
         closed = _close_runs(tracker)
         cause = None if isinstance(e, KeyboardInterrupt) else stop_cause(e, storage)
-        if context is not None:  # as below: Ray's last forwarded lines before this sweep's last words, not after
-            import ray
-
-            with contextlib.suppress(Exception):
-                ray.shutdown()
+        with contextlib.suppress(Exception):  # the error being reported stays the one raised
+            _disconnect(context)
         what = ("the MLflow tracking store" if isinstance(cause, tracking.TrackingStoreError) else "a full disk"
                 if cause is not None else type(e).__name__)
         print(f"\nsweep {spec.name} stopped by {what}; {closed}. {RESUME_HINT}", file=sys.stderr, flush=True)
         if cause is not None and cause is not e:
             raise cause from e
         raise
-    if context is not None:  # a cluster this call connected to: flush the trials' last lines before the summary
+    _disconnect(context)
+    return finish_sweep(results, plan, tracker, None if remote else f"{storage}/analysis")
+
+
+def _disconnect(context) -> None:
+    """Shut down the Ray connection :func:`connect` made (``context``; ``None``: Ray was initialised before the sweep
+    and is left as it was), so that the trials' last forwarded log lines print before what the sweep prints next —
+    its summary, or the one line of the error that stopped it."""
+    if context is not None:
         import ray
 
         ray.shutdown()
-    return finish_sweep(results, plan, tracker, None if remote else f"{storage}/analysis")
 
 
 def stop_cause(error: BaseException, storage: str) -> OSError | None:
