@@ -154,8 +154,9 @@ machine two 4,500-step trials reached 0.57 / 0.58 of this peak and took 2–3 % 
 0.371 = 1.20, evaluation 1.241 / 1.168 = 1.06, on an AMD EPYC where ``medium`` ran other float32 kernels, §35); with
 AMX-BF16's bf16 products two trials side by side ran their last phase ~1.2x faster as well (§34). A trial on two threads
 (``train.threads_per_worker`` 2) reaches less of its doubled peak than one thread does of its own (0.37 against
-0.57): plan those with a measured MFU (``--prices``). What a trial reaches inside a Ray sweep is measured by
-``python -m analysis`` (``cost_overrides.json``)."""
+0.57: Ray's own processes wake up often enough to stall one thread while the other waits at the parallel region's
+barrier, 5-27 % of a two-thread step beside an idle Ray cluster, §37): plan those with a measured MFU (``--prices``).
+What a trial reaches inside a Ray sweep is measured by ``python -m analysis`` (``cost_overrides.json``)."""
 
 MFU_PHASES = ("train", "train_compiled", "train_medium", "train_compiled_medium", "eval", "eval_medium")
 """The phases a price file's ``[mfu.gpu]`` / ``[mfu.cpu]`` may set (:data:`DEFAULT_MFU`): in (0, 1], a ``_medium``
