@@ -9,7 +9,7 @@ import pytest
 from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, with_overrides
 from par_ray.recipes import apply_recipe
 from par_ray.train.loop import is_timing_metric
-from par_ray.train.trainer import MetricsLog, build_trainer, local_ray
+from par_ray.train.trainer import MetricsLog, build_trainer
 from par_ray.trial import validate
 
 pytestmark = pytest.mark.ray
@@ -36,11 +36,10 @@ def reference(local_reports, tmp_path_factory):
     return local_reports(trial(num_workers=1), str(tmp_path_factory.mktemp("reference")))
 
 
-def test_two_fsdp_workers_match_single_process(reference, tmp_path):
-    with local_ray(num_cpus=4, log_to_driver=False):
-        log = MetricsLog(str(tmp_path / "run.jsonl"))
-        result = build_trainer(trial(strategy="fsdp"), "run", str(tmp_path / "ray"), max_failures=0,
-                               callbacks=[log]).fit()
+def test_two_fsdp_workers_match_single_process(ray_cluster, reference, tmp_path):
+    log = MetricsLog(str(tmp_path / "run.jsonl"))
+    result = build_trainer(trial(strategy="fsdp"), "run", str(tmp_path / "ray"), max_failures=0,
+                           callbacks=[log]).fit()
     got = {r["metrics"]["step"]: r["metrics"] for r in log.read() if "metrics" in r}
     want = {r["step"]: r for r in reference}
     assert sorted(got) == list(range(1, STEPS + 1))
