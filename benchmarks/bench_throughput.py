@@ -30,6 +30,10 @@ median step time.
 a CPU with AMX-BF16) ``ratio`` may pass 1. Pair ``medium`` with ``--attn eager`` on CPU: the SDPA flash kernel runs
 ~10x slower under bf16 products (docs/experiments.md §34).
 
+``--cpu-bf16-autocast``: the steps run under ``torch.autocast("cpu", bfloat16)`` (``train.cpu_bf16_autocast``);
+FLOPs are counted in float32 and the peak stays float32's, so ``ratio`` may pass 1. Pair it with ``--attn eager``
+(the CPU flash-attention kernel is no faster in bf16; docs/experiments.md §38).
+
 ``--compile``: the measured model's decoder layers are compiled (``train.compile``: ``prepare`` calls
 ``par_ray.train.strategies.compile_layers``, as the training loop does). Executed FLOPs are counted on the eager
 model first (``FlopCounterMode`` sees ATen calls, which compiled kernels no longer make; fusing elementwise ops does
@@ -43,6 +47,7 @@ Usage::
     python benchmarks/bench_throughput.py --compile      # compiled decoder layers (train.compile)
     python benchmarks/bench_throughput.py --recipe local --backbone tiny-qwen3 --depth 16 --compile --steps 30
     python benchmarks/bench_throughput.py --recipe local --compile --matmul-precision medium --attn eager
+    python benchmarks/bench_throughput.py --recipe local --compile --cpu-bf16-autocast --attn eager
 """
 
 from __future__ import annotations
@@ -115,10 +120,12 @@ def _full_coda_readout(self, state_BTH, read_positions_Q, pos, mask):
     return self.lm_head(self.norm(state_BTH)[:, read_positions_Q])
 
 
-def _step_fn(model: LoopedLM, shape: Shape, depth: int, compile: bool = False):
+def _step_fn(model: LoopedLM, shape: Shape, depth: int, compile: bool = False, bf16: bool = False):
     """A closure running training step i of ``model`` (fresh engine and AdamW) at depth ``depth``; ``compile``: the
-    engine compiles ``model``'s decoder layers (``TrainConfig.compile``, in place)."""
-    train_cfg = TrainConfig(steps=1000, batch_size=shape.batch, lr=1e-4, warmup_steps=0, compile=compile)
+    engine compiles ``model``'s decoder layers (``TrainConfig.compile``, in place); ``bf16``: the step runs under
+    CPU bf16 autocast (``TrainConfig.cpu_bf16_autocast``)."""
+    train_cfg = TrainConfig(steps=1000, batch_size=shape.batch, lr=1e-4, warmup_steps=0, compile=compile,
+                            cpu_bf16_autocast=bf16)
     engine = prepare(model, train_cfg, World())
     task_cfg = TaskConfig(name="swap_s5", train_depth=depth, min_train_depth=depth)
     task = build_task(task_cfg)
@@ -127,12 +134,13 @@ def _step_fn(model: LoopedLM, shape: Shape, depth: int, compile: bool = False):
     return lambda i: train_step(engine, task, task_cfg, loss_fn, seed=0, step=i, global_batch=shape.batch)
 
 
-def local_trial(backbone: str, depth: int, compile: bool) -> TrialConfig:
+def local_trial(backbone: str, depth: int, compile: bool, bf16: bool = False) -> TrialConfig:
     """The local sweeps' trial on ``backbone`` (:data:`LOCAL_RECIPE`), every step at depth ``depth`` (no curriculum;
-    the recipe's slack iterations and given prefix drawn as in training), layers compiled iff ``compile``."""
+    the recipe's slack iterations and given prefix drawn as in training), layers compiled iff ``compile``, under
+    CPU bf16 autocast iff ``bf16``."""
     cfg = from_flat(LOCAL_RECIPE, base=preset_trial("local", backbone))
     return from_flat({"task.train_depth": depth, "task.min_train_depth": depth, "task.curriculum": (),
-                      "train.compile": compile}, base=cfg)
+                      "train.compile": compile, "train.cpu_bf16_autocast": bf16}, base=cfg)
 
 
 def _local_step_fn(cfg: TrialConfig, attn: str | None, readout=None):
@@ -153,9 +161,10 @@ def _local_step_fn(cfg: TrialConfig, attn: str | None, readout=None):
     return step, model
 
 
-def measure_local(backbone: str, depth: int, steps: int, warmup: int, attn: str | None, compile: bool) -> dict:
+def measure_local(backbone: str, depth: int, steps: int, warmup: int, attn: str | None, compile: bool,
+                  bf16: bool = False) -> dict:
     """:func:`measure` for the local sweeps' step (:func:`local_trial`): median step time over steps
-    ``warmup + 1 ..``; reference and executed FLOPs counted eagerly on each timed step and averaged."""
+    ``warmup + 1 ..``; reference and executed FLOPs counted eagerly (in float32) on each timed step and averaged."""
     cfg = local_trial(backbone, depth, compile=False)
     first = 1 + warmup + int(compile)
     timed = range(first, first + steps)
@@ -163,7 +172,7 @@ def measure_local(backbone: str, depth: int, steps: int, warmup: int, attn: str 
     reference_flops = statistics.mean(_count_flops(reference, i) for i in timed)
     executed, _ = _local_step_fn(cfg, attn)
     executed_flops = statistics.mean(_count_flops(executed, i) for i in timed)
-    step, model = _local_step_fn(local_trial(backbone, depth, compile), attn)
+    step, model = _local_step_fn(local_trial(backbone, depth, compile, bf16), attn)
     compile_step = 0.0
     if compile:
         t0 = time.perf_counter()
@@ -183,7 +192,7 @@ def measure_local(backbone: str, depth: int, steps: int, warmup: int, attn: str 
     return {
         "shape": f"local/{backbone}", "hidden": model.config.hidden_size, "batch": B, "seq_len": T,
         "read_positions": None, "R": statistics.mean(Rs), "R_all": Rs, "depth": depth,
-        "attn_implementation": model.config._attn_implementation, "compile": compile,
+        "attn_implementation": model.config._attn_implementation, "compile": compile, "cpu_bf16_autocast": bf16,
         **_timing(times, compile_step, compile, reference_flops, executed_flops, shape_peak),
     }
 
@@ -211,7 +220,7 @@ def matmul_peak(m: int, k: int, n: int, seconds: float = 1.0) -> float:
 
 
 def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: str | None,
-            compile: bool = False) -> dict:
+            compile: bool = False, bf16: bool = False) -> dict:
     """Reference and executed FLOPs of one step of ``shape``, the median step time (seconds), the peaks and the
     ratios; ``compile``: of the model with compiled decoder layers, plus ``compile_seconds`` (module docstring)."""
     task = build_task(TaskConfig(name="swap_s5", train_depth=depth))
@@ -226,10 +235,12 @@ def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: 
 
     model = _build(shape, vocab, attn)
     step = _step_fn(model, shape, depth)
-    executed_flops = _count_flops(step, 0)  # eagerly, also with compile (module docstring)
+    executed_flops = _count_flops(step, 0)  # eagerly in float32, also with compile or bf16 (module docstring)
     first, compile_step = 1, 0.0
+    if bf16:
+        step = _step_fn(model, shape, depth, bf16=True)
     if compile:
-        step = _step_fn(model, shape, depth, compile=True)
+        step = _step_fn(model, shape, depth, compile=True, bf16=bf16)
         t0 = time.perf_counter()
         step(first)  # compiles, lazily, every layer variant the step uses
         compile_step = time.perf_counter() - t0
@@ -244,7 +255,7 @@ def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: 
     shape_peak = matmul_peak(shape.batch * T, shape.hidden, 2 * shape.hidden)
     return {
         "shape": name, "hidden": shape.hidden, "batch": shape.batch, "seq_len": T, "read_positions": Q, "R": depth,
-        "attn_implementation": model.config._attn_implementation, "compile": compile,
+        "attn_implementation": model.config._attn_implementation, "compile": compile, "cpu_bf16_autocast": bf16,
         **_timing(times, compile_step, compile, reference_flops, executed_flops, shape_peak),
     }
 
@@ -274,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument("--matmul-precision", choices=["highest", "high", "medium"], default="highest",
                       help="torch.set_float32_matmul_precision for the steps (train.float32_matmul_precision; "
                            "medium: bf16 products on CPUs with AMX-BF16); the machine peak stays IEEE fp32's")
+    step.add_argument("--cpu-bf16-autocast", action="store_true",
+                      help="run the steps under CPU bf16 autocast (train.cpu_bf16_autocast; pair with --attn eager); "
+                           "FLOPs are still counted in float32 and the machine peak stays IEEE fp32's")
     timing = ap.add_argument_group("timing and output")
     timing.add_argument("--steps", type=int, default=20, help="timed steps per shape (the median is reported)")
     timing.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
@@ -303,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [functools.partial(measure_local, name) for name in args.backbone]
     depth = args.depth or (LOCAL_CURRICULUM_DEPTH if args.recipe == "local" else LOCAL_TRAIN_DEPTH)
     for run in runs:
-        r = run(depth, args.steps, args.warmup, args.attn, args.compile)
+        r = run(depth, args.steps, args.warmup, args.attn, args.compile, args.cpu_bf16_autocast)
         r["machine_peak_flops_per_s"] = machine_peak
         r["ratio"] = r["achieved_flops_per_s"] / machine_peak
         r["ratio_executed"] = r["executed_flops_per_s"] / machine_peak
@@ -319,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"threads": args.threads, "depth": depth, "compile": args.compile, "recipe": args.recipe,
-                       "float32_matmul_precision": args.matmul_precision, "torch": torch.__version__,
+                       "float32_matmul_precision": args.matmul_precision,
+                       "cpu_bf16_autocast": args.cpu_bf16_autocast, "torch": torch.__version__,
                        "machine_peak_flops_per_s": machine_peak, "shapes": rows}, f, indent=2)
     return 0
 

@@ -270,6 +270,14 @@ class TrainConfig:
     EPYC ran other float32 kernels, docs/experiments.md §35).
     On CPU pair ``medium`` with ``backbone.attn_implementation='eager'``: torch's CPU flash-attention kernel (SDPA)
     runs its small per-block GEMMs ~10x slower under bf16 products (docs/experiments.md §34)."""
+    cpu_bf16_autocast: bool = False
+    """Run CPU workers' forward passes (training, teachers, evaluation) under ``torch.autocast("cpu", bfloat16)``,
+    as GPU workers always do (``torch.autocast("cuda", ...)``): matmul and attention outputs in bf16 over float32
+    parameters, gradients and optimizer state; checkpoints stay float32. On a CPU with bf16 dot products
+    (AVX512-BF16 or AMX) a small-shape GEMM runs ~2x float32's rate, and the local recipe's compiled step ~45 %
+    faster (docs/experiments.md §38). Pair it with ``backbone.attn_implementation='eager'``: torch's CPU
+    flash-attention kernel (SDPA) is no faster under bf16. CPU only (GPU workers autocast anyway) and not with
+    ``train.strategy='deepspeed'``, whose bf16 mode is a GPU feature."""
 
 
 @dataclass(frozen=True)
@@ -555,6 +563,11 @@ def config_errors(cfg: TrialConfig) -> list[str]:
           "'deepspeed' cannot train the untied baseline (recipe.tied=False): use 'ddp' or 'fsdp' (docs/distributed.md)")
     one_of("train.zero_stage", ZERO_STAGES)
     one_of("train.float32_matmul_precision", FLOAT32_MATMUL_PRECISIONS)
+    check("train.cpu_bf16_autocast train.use_gpu", lambda: not (tr.cpu_bf16_autocast and tr.use_gpu),
+          "is for CPU workers: GPU workers (train.use_gpu=true) always run bf16 autocast; set it false")
+    check("train.cpu_bf16_autocast train.strategy", lambda: not (tr.cpu_bf16_autocast and tr.strategy == "deepspeed"),
+          "must be false with train.strategy='deepspeed' (DeepSpeed's bf16 mode is a GPU feature): use 'ddp' or "
+          "'fsdp'")
     if tr.accelerator_type and "train.accelerator_type" not in bad:  # its name: par_ray.trial.registry_errors
         check("train.accelerator_type train.use_gpu", lambda: tr.use_gpu is True,
               f"{tr.accelerator_type!r} selects GPU nodes, so it needs train.use_gpu=true (or '' on CPU)")

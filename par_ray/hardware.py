@@ -123,7 +123,7 @@ GPU of any type (``par_ray.presets.PAPER_GPU_MEMORY_GB``)."""
 
 DEFAULT_MFU = {"gpu": {"train": 0.25, "eval": 0.15},
                "cpu": {"train": 0.38, "train_compiled": 0.70, "train_compiled_medium": 0.84,
-                       "eval": 0.42, "eval_medium": 0.45}}
+                       "train_compiled_bf16": 0.75, "eval": 0.42, "eval_medium": 0.45, "eval_bf16": 0.84}}
 """Assumed MFU by device kind and phase (``train``, ``eval``), until a measurement replaces it. A phase may have
 variants a kind sets where they differ: ``_compiled`` for training with ``train.compile`` and ``_medium`` for
 ``train.float32_matmul_precision='medium'`` (bf16 products); :meth:`Table.mfu_of` takes the most specific one the
@@ -156,11 +156,20 @@ AMX-BF16's bf16 products two trials side by side ran their last phase ~1.2x fast
 (``train.threads_per_worker`` 2) reaches less of its doubled peak than one thread does of its own (0.37 against
 0.57: Ray's own processes wake up often enough to stall one thread while the other waits at the parallel region's
 barrier, 5-27 % of a two-thread step beside an idle Ray cluster, §37): plan those with a measured MFU (``--prices``).
+``train_compiled_bf16`` and ``eval_bf16`` (``train.cpu_bf16_autocast`` with eager attention): the six trials of the
+main job run that way on the 2-core AMD EPYC VM with AVX512-BF16 (2026-12-06, §38) reached 0.65–0.81 in training
+(0.75 taken); evaluation is ``eval`` × 2, the ratio of a float32 and a bf16 evaluation side by side (16 s against 8 s).
+On that VM a float32 trial side by side trained 1.6x slower than a bf16 one (a 600-step proxy pair, 381 against 239 s),
+i.e. below the ``train_compiled`` it is planned at: that figure came from other runs and machines, and it is the plan
+such a machine should replace with its own measurement.
 What a trial reaches inside a Ray sweep is measured by ``python -m analysis`` (``cost_overrides.json``)."""
 
-MFU_PHASES = ("train", "train_compiled", "train_medium", "train_compiled_medium", "eval", "eval_medium")
+MFU_PHASES = ("train", "train_compiled", "train_medium", "train_compiled_medium", "train_bf16", "train_compiled_bf16",
+              "eval", "eval_medium", "eval_bf16")
 """The phases a price file's ``[mfu.gpu]`` / ``[mfu.cpu]`` may set (:data:`DEFAULT_MFU`): in (0, 1], a ``_medium``
-one in (0, 4] (bf16 products against the float32 peak)."""
+or ``_bf16`` one in (0, 4] (bf16 arithmetic against the float32 peak)."""
+BF16_VARIANTS = ("_medium", "_bf16")
+"""Suffixes of the phases whose MFU is bf16 arithmetic measured against the float32 peak, so may pass 1."""
 
 
 @dataclass(frozen=True)
@@ -179,17 +188,20 @@ class Table:
                              f"({sorted(self.devices)}; add it with --prices)")
         return name, self.devices[name]
 
-    def mfu_of(self, name: str, phase: str, compiled: bool = False, medium: bool = False) -> float:
+    def mfu_of(self, name: str, phase: str, compiled: bool = False, medium: bool = False,
+               bf16: bool = False) -> float:
         """MFU of ``phase`` (``train`` or ``eval``) on device ``name``: measured if known, else the kind's most
         specific default (:data:`DEFAULT_MFU`): ``compiled`` training (``train.compile``) takes ``train_compiled``,
-        ``medium`` (bf16 matmul products) a ``_medium`` variant, where the kind has them."""
+        ``medium`` (bf16 matmul products) a ``_medium`` variant and ``bf16`` (``train.cpu_bf16_autocast``) a
+        ``_bf16`` one, where the kind has them (``bf16`` first: autocast's matmuls are bf16 whatever ``medium``)."""
         dev = self.devices[name]
         measured = dev.mfu_train if phase == "train" else dev.mfu_eval
         if measured:
             return measured
         assumed = self.mfu["cpu" if name == "CPU" else "gpu"]
         base = phase + ("_compiled" if compiled and phase == "train" else "")
-        for key in (base + "_medium" if medium else base, base, phase):
+        variant = "_bf16" if bf16 else "_medium" if medium else ""
+        for key in (base + variant, base, phase):
             if key in assumed:
                 return assumed[key]
         raise KeyError(f"no MFU for phase {phase!r} of {name!r}")
@@ -240,10 +252,10 @@ def load_table(path: str | None = None) -> Table:
     mfu = data.get("mfu") or {}
     for kind, phases in (mfu.items() if isinstance(mfu, dict) else [("", mfu)]):
         for phase, value in (phases.items() if isinstance(phases, dict) else [("", phases)]):
-            ok = _fraction(value) or (str(phase).endswith("_medium") and _number(value) and 0 < value <= 4)
+            ok = _fraction(value) or (str(phase).endswith(BF16_VARIANTS) and _number(value) and 0 < value <= 4)
             if kind not in table.mfu or phase not in MFU_PHASES or not ok:
                 errs.append(f"mfu.{kind}.{phase}: expected mfu.gpu|cpu.{'|'.join(MFU_PHASES)} in (0, 1] (a _medium "
-                            f"one in (0, 4]), got {value!r}")
+                            f"or _bf16 one in (0, 4]), got {value!r}")
             else:
                 table.mfu[kind][phase] = float(value)
     fields = set(Device.__dataclass_fields__)

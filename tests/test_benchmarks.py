@@ -47,6 +47,21 @@ def test_bench_throughput_tiny_writes_ratio(tmp_path):
     assert doc["machine_peak_flops_per_s"] > 0
 
 
+def test_bench_throughput_cpu_bf16_autocast_counts_float32_flops(tmp_path):
+    """``--cpu-bf16-autocast`` times the step under CPU bf16 autocast (``train.cpu_bf16_autocast``) and records it;
+    FLOPs are counted on the float32 step, so they equal the float32 run's."""
+    bench = _load("bench_throughput")
+    args = ["--shapes", "tiny", "--depth", "2", "--steps", "1", "--warmup", "0", "--attn", "eager"]
+    assert bench.main([*args, "--cpu-bf16-autocast", "--out", str(tmp_path / "bf16.json")]) == 0
+    assert bench.main([*args, "--out", str(tmp_path / "fp32.json")]) == 0
+    bf16_doc, fp32_doc = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("bf16", "fp32"))
+    assert bf16_doc["cpu_bf16_autocast"] is True and fp32_doc["cpu_bf16_autocast"] is False
+    (bf16,), (fp32,) = bf16_doc["shapes"], fp32_doc["shapes"]
+    assert bf16["cpu_bf16_autocast"] is True and bf16["step_seconds"] > 0
+    for key in ("reference_flops", "executed_flops"):
+        assert bf16[key] == fp32[key], key
+
+
 @pytest.mark.full_only
 def test_bench_throughput_compile_times_steps_without_the_compile(tmp_path):
     """``--compile`` (inductor on CPU: a slow compile, hence full form only): the first compiled step is reported as

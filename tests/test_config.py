@@ -271,6 +271,19 @@ def test_float32_matmul_precision_takes_torchs_names_or_the_device_default():
         validate(from_flat({"train.float32_matmul_precision": "low"}))
 
 
+def test_cpu_bf16_autocast_is_a_cpu_flag_of_ddp_and_fsdp():
+    assert TrialConfig().train.cpu_bf16_autocast is False
+    for strategy in ("ddp", "fsdp"):
+        cfg = validate(from_flat({"train.cpu_bf16_autocast": "true", "train.strategy": strategy}))
+        assert cfg.train.cpu_bf16_autocast is True and from_flat(to_flat(cfg)) == cfg
+    with pytest.raises(ValueError, match=r"train\.cpu_bf16_autocast: is for CPU workers: GPU workers "
+                                         r"\(train\.use_gpu=true\) always run bf16 autocast"):
+        validate(from_flat({"train.cpu_bf16_autocast": True, "train.use_gpu": True}))
+    with pytest.raises(ValueError, match=r"train\.cpu_bf16_autocast: must be false with "
+                                         r"train\.strategy='deepspeed'.*use 'ddp' or 'fsdp'"):
+        validate(from_flat({"train.cpu_bf16_autocast": True, "train.strategy": "deepspeed"}))
+
+
 def test_compile_is_a_flat_bool_and_refused_with_the_cot_baseline():
     assert TrialConfig().train.compile is False
     cfg = validate(from_flat({"train.compile": "true"}))  # --set train.compile=true

@@ -246,7 +246,8 @@ def test_compiled_cpu_training_is_planned_at_its_own_mfu(tmp_path):
     assert hardware.load_table(str(path)).mfu_of("CPU", "train", compiled=True) == 0.6
     path.write_text('[mfu.cpu]\ntrain_fast = 0.5\n')
     with pytest.raises(ValueError, match=r"mfu.cpu.train_fast: expected mfu.gpu\|cpu.train\|train_compiled\|"
-                                         r"train_medium\|train_compiled_medium\|eval\|eval_medium in \(0, 1\]"):
+                                         r"train_medium\|train_compiled_medium\|train_bf16\|train_compiled_bf16\|"
+                                         r"eval\|eval_medium\|eval_bf16 in \(0, 1\]"):
         hardware.load_table(str(path))
 
 
@@ -267,8 +268,28 @@ def test_bf16_product_trials_are_planned_at_their_own_mfu(tmp_path):
     assert hardware.load_table(str(path)).mfu_of("CPU", "train", compiled=True, medium=True) == 1.2
     for bad in ("train_compiled_medium = 5.0", "train_compiled = 1.2"):
         path.write_text(f"[mfu.cpu]\n{bad}\n")
-        with pytest.raises(ValueError, match=r"a _medium one in \(0, 4\]"):
+        with pytest.raises(ValueError, match=r"a _medium or _bf16 one in \(0, 4\]"):
             hardware.load_table(str(path))
+
+
+def test_cpu_bf16_autocast_trials_are_planned_at_their_own_mfu(tmp_path):
+    """``train.cpu_bf16_autocast`` (bf16 matmuls on a CPU, opt-in) plans at the CPU's ``_bf16`` MFUs, against the
+    float32 peak, so above ``train_compiled``'s; a price file may set them above 1."""
+    table = hardware.load_table()
+    compiled = with_overrides(validate(local_trial()), train=dict(compile=True))
+    bf16 = with_overrides(compiled, train=dict(cpu_bf16_autocast=True))
+    plan, fp32 = cost.trial_cost(bf16, table), cost.trial_cost(compiled, table)
+    assert plan.mfu_train == table.mfu["cpu"]["train_compiled_bf16"] > table.mfu["cpu"]["train_compiled"]
+    assert plan.mfu_eval == table.mfu["cpu"]["eval_bf16"] > table.mfu["cpu"]["eval"]
+    assert plan.train_gpu_hours < fp32.train_gpu_hours and plan.flops == fp32.flops
+    both = with_overrides(bf16, train=dict(float32_matmul_precision="medium"))  # autocast's matmuls are bf16
+    assert cost.trial_cost(both, table).mfu_train == table.mfu["cpu"]["train_compiled_bf16"]
+    path = tmp_path / "prices.toml"
+    path.write_text('[mfu.cpu]\ntrain_compiled_bf16 = 1.5\neval_bf16 = 0.9\n')
+    assert cost.trial_cost(bf16, hardware.load_table(str(path))).mfu_train == 1.5
+    path.write_text('[mfu.cpu]\neval_bf16 = 4.5\n')
+    with pytest.raises(ValueError, match=r"mfu\.cpu\.eval_bf16: .*a _medium or _bf16 one in \(0, 4\]"):
+        hardware.load_table(str(path))
 
 
 def test_cost_names_come_from_the_tracking_schema():

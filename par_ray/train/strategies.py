@@ -36,9 +36,10 @@ deepspeed  a full fp32 copy per rank, NOT sharded under ZeRO-3     rank 0: ``ema
 =========  ======================================================  =============================================
 
 Devices and precision: on GPU, bf16 (autocast for ddp/fsdp, FSDP2 keeps bf16 unsharded params and fp32 gradient
-reduction; DeepSpeed's own ``bf16`` mode) with NCCL; on CPU, float32 with gloo (bf16 autocast on CPU is slow and
-changes the numbers the CPU parity tests compare). What each backend cannot do on CPU is said where it is handled
-and in ``docs/distributed.md``. The float32 matmuls' internal precision is ``train.float32_matmul_precision``
+reduction; DeepSpeed's own ``bf16`` mode) with NCCL; on CPU, float32 with gloo, or bf16 autocast with
+``train.cpu_bf16_autocast`` (ddp and fsdp; faster on CPUs with bf16 dot products when attention is eager,
+docs/experiments.md §38). What each backend cannot do on CPU is said where it is handled and in
+``docs/distributed.md``. The float32 matmuls' internal precision is ``train.float32_matmul_precision``
 (:func:`set_matmul_precision`): TF32 on GPU by default; on CPU IEEE float32, or bf16 products with ``medium``.
 """
 
@@ -104,9 +105,12 @@ class Engine:
         self.ema = ema
 
     def autocast(self):
-        """bf16 autocast on CUDA, nothing on CPU."""
+        """The forward passes' precision context: bf16 autocast on CUDA; on CPU bf16 autocast with
+        ``train.cpu_bf16_autocast``, else nothing (float32)."""
         if self.device.type == "cuda":
             return torch.autocast("cuda", dtype=torch.bfloat16)
+        if self.train_cfg.cpu_bf16_autocast:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
