@@ -274,10 +274,11 @@ class TrainConfig:
     """Run CPU workers' forward passes (training, teachers, evaluation) under ``torch.autocast("cpu", bfloat16)``,
     as GPU workers always do (``torch.autocast("cuda", ...)``): matmul and attention outputs in bf16 over float32
     parameters, gradients and optimizer state; checkpoints stay float32. On a CPU with bf16 dot products
-    (AVX512-BF16 or AMX) a small-shape GEMM runs ~2x float32's rate, and the local recipe's compiled step ~45 %
-    faster (docs/experiments.md §38). Pair it with ``backbone.attn_implementation='eager'``: torch's CPU
-    flash-attention kernel (SDPA) is no faster under bf16. CPU only (GPU workers autocast anyway) and not with
-    ``train.strategy='deepspeed'``, whose bf16 mode is a GPU feature."""
+    (AVX512-BF16 or AMX) a small-shape GEMM runs ~2x float32's rate, the local recipe's compiled step 46 % and a
+    trial's training 37 % faster (an AMD EPYC, docs/experiments.md §38); without them bf16 is emulated and slower.
+    Pair it with ``backbone.attn_implementation='eager'``: torch's CPU flash-attention kernel (SDPA) is no faster
+    under bf16. CPU only (GPU workers autocast anyway) and not with ``train.strategy='deepspeed'``, whose bf16 mode
+    is a GPU feature. Opt-in: the local presets train in float32 (their measured tables are float32's)."""
 
 
 @dataclass(frozen=True)
