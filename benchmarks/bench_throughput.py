@@ -237,10 +237,9 @@ def measure(name: str, shape: Shape, depth: int, steps: int, warmup: int, attn: 
     step = _step_fn(model, shape, depth)
     executed_flops = _count_flops(step, 0)  # eagerly in float32, also with compile or bf16 (module docstring)
     first, compile_step = 1, 0.0
-    if bf16:
-        step = _step_fn(model, shape, depth, bf16=True)
+    if compile or bf16:
+        step = _step_fn(model, shape, depth, compile=compile, bf16=bf16)
     if compile:
-        step = _step_fn(model, shape, depth, compile=True, bf16=bf16)
         t0 = time.perf_counter()
         step(first)  # compiles, lazily, every layer variant the step uses
         compile_step = time.perf_counter() - t0

@@ -445,7 +445,7 @@ def trial_cost(cfg: TrialConfig, table: Table | None = None) -> TrialCost:
     threads = 1 if tr.use_gpu else max(1, tr.threads_per_worker)
     peak = dev.peak_tflops * 1e12 * threads
     medium = tr.float32_matmul_precision == "medium"  # bf16 products ("" is the device default, never medium)
-    bf16 = tr.cpu_bf16_autocast and not tr.use_gpu  # bf16 autocast on a CPU (GPUs' MFU is of bf16 already)
+    bf16 = tr.cpu_bf16_autocast  # CPU only (validated); GPU kinds have no _bf16 MFUs: theirs are bf16 already
     mfu_t = table.mfu_of(name, "train", compiled=tr.compile, medium=medium, bf16=bf16)
     mfu_e = table.mfu_of(name, "eval", medium=medium, bf16=bf16)
     fl = trial_flops(cfg)

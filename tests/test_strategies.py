@@ -246,8 +246,8 @@ def test_evaluation_runs_under_the_training_precision(strategy, monkeypatch):
     """Every forward of an evaluation (accuracy by depth, the probe) sees the autocast state and parameter dtype of
     the training step's forward, for every strategy (``loop.eval_metrics``: one rule).
 
-    On CPU every engine's ``autocast()`` is a no-op, so each strategy's engine class is given the GPU's rule here,
-    bf16 autocast (on CPU). ddp and fsdp (a plain module without a process group) run a real training step;
+    On CPU an engine's ``autocast()`` is a no-op unless ``train.cpu_bf16_autocast`` (which DeepSpeed refuses), so
+    each strategy's engine class is given the GPU's rule here, bf16 autocast (on CPU). ddp and fsdp (a plain module without a process group) run a real training step;
     DeepSpeed's engine cannot start twice in one process (``test_deepspeed_single_process_matches_ddp...`` owns the
     one start), so its evaluation runs on a ``DeepSpeedEngine`` over the plain module and is compared with a forward
     under its ``autocast()``, the context its training step enters.
@@ -290,8 +290,8 @@ def test_evaluation_runs_under_the_training_precision(strategy, monkeypatch):
 def test_cpu_bf16_autocast_runs_the_forward_in_bf16_over_float32_parameters(strategy):
     """``train.cpu_bf16_autocast``: a CPU engine's ``autocast()`` is bf16 autocast, so the training step's forward
     runs its matmuls in bf16 (the core's input is bf16 after the adapter) while parameters and the optimizer state
-    (the moments of the gradients) stay float32; three steps' losses move from float32's, within bf16's round-off (2 %). Without
-    the flag a CPU forward is float32 throughout."""
+    (the moments of the gradients) stay float32; three steps' losses move from float32's, within bf16's round-off
+    (2 %). Without the flag a CPU forward is float32 throughout."""
     losses, seen = {}, {}
     for flag in (False, True):
         engine, task = engine_for(strategy, cpu_bf16_autocast=flag)
