@@ -307,6 +307,21 @@ def test_cpu_bf16_autocast_runs_the_forward_in_bf16_over_float32_parameters(stra
     assert losses[True] != losses[False]
 
 
+def test_cpu_bf16_notes_say_where_the_flag_will_not_pay():
+    """A CPU worker with ``train.cpu_bf16_autocast`` prints a note (and goes on) when the CPU has no bf16 dot
+    products (bf16 emulated: slower than float32) and when attention is not eager (SDPA gains nothing in bf16); none
+    without the flag, none for the paired setting on a CPU that has them, none on GPU (workers autocast anyway)."""
+    on = TrainConfig(cpu_bf16_autocast=True)
+    assert strategies.cpu_bf16_notes(TrainConfig(), "sdpa", native=False) == []
+    assert strategies.cpu_bf16_notes(on, "eager", native=True) == []
+    assert strategies.cpu_bf16_notes(dataclasses.replace(on, use_gpu=True), "sdpa", native=False) == []
+    emulated, sdpa = strategies.cpu_bf16_notes(on, "sdpa", native=False)
+    assert "without bf16 dot products" in emulated and "slower than float32" in emulated
+    assert "backbone.attn_implementation='sdpa'" in sdpa and "'eager'" in sdpa
+    assert strategies.cpu_bf16_notes(on, "eager", native=False) == [emulated]
+    assert isinstance(strategies.cpu_has_bf16_dot_products(), bool)
+
+
 def _medium_rounds_products_to_bf16() -> bool:
     """Whether this CPU computes float32 matmuls with bf16 products under ``medium``: the relative error of a
     (64, 256) × (256, 256) product against float64 at bf16's scale (~1e-3, AMX-BF16) rather than float32's (~1e-7).

@@ -53,7 +53,7 @@ from par_ray.schedules import stretch_cap
 from par_ray.stages import frozen_parameters, stage_at
 from par_ray.train.checkpoint import export_model, read_extra
 from par_ray.train.step import build_step_loss, train_step
-from par_ray.train.strategies import World, prepare, set_matmul_precision
+from par_ray.train.strategies import World, cpu_bf16_notes, prepare, set_matmul_precision
 from par_ray.trial import VocabLayout, resolve
 
 RESUME_FREE_FIELDS = frozenset({"train.num_workers", "train.accelerator_type", "train.threads_per_worker",
@@ -287,6 +287,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         torch.set_num_threads(threads)
     set_matmul_precision(tc, world.device)  # before the first matmul: oneDNN's cache (strategies)
     log = _Printer() if world.rank == 0 else _Silent()
+    for note in cpu_bf16_notes(tc, cfg.backbone.attn_implementation):
+        log(note)
 
     trial = resolve(cfg)  # stages, halting / EMA flags, vocabulary layout: once per worker (par_ray.trial)
     stages, vocab = trial.stages, trial.vocab

@@ -219,6 +219,32 @@ def set_matmul_precision(train_cfg, device: torch.device) -> str:
     return precision
 
 
+def cpu_has_bf16_dot_products() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX tiles), as torch's own dispatch detects it
+    (``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``); without either, bf16 matmuls are
+    emulated. ``True`` where this torch cannot tell (no such probes): the note it gates is advice, not a check."""
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    probes = [p for p in probes if p is not None]
+    return not probes or any(p() for p in probes)
+
+
+def cpu_bf16_notes(train_cfg, attn_implementation: str, native: bool | None = None) -> list[str]:
+    """Lines a CPU worker prints at its start when ``train.cpu_bf16_autocast`` is set where it will not pay (empty
+    otherwise, and always on GPU): on a CPU without bf16 dot products (``native`` False; ``None`` = ask this CPU,
+    :func:`cpu_has_bf16_dot_products`) bf16 is emulated and runs slower than float32; with SDPA attention the step
+    gains nothing (torch's CPU flash-attention kernel, docs/experiments.md §38). Advice only: the run goes on."""
+    if not train_cfg.cpu_bf16_autocast or train_cfg.use_gpu:
+        return []
+    notes = []
+    if not (cpu_has_bf16_dot_products() if native is None else native):
+        notes.append("note: train.cpu_bf16_autocast on a CPU without bf16 dot products (no AVX512-BF16, no AMX): "
+                     "bf16 runs emulated, expect it slower than float32")
+    if attn_implementation != "eager":
+        notes.append(f"note: train.cpu_bf16_autocast with backbone.attn_implementation={attn_implementation!r}: "
+                     f"torch's CPU attention kernel gains nothing in bf16; pair it with 'eager' (docs/experiments.md §38)")
+    return notes
+
+
 def _ema_copy(model: nn.Module, train_cfg) -> nn.Module:
     """A float32 copy of ``model`` (made before any wrapping) that never gets gradients: the EMA teacher's start,
     equal to the student at step 0. Its layers are compiled like the student's with ``train_cfg.compile`` (a deep
