@@ -102,6 +102,25 @@ def test_gradient_window_runs_earlier_iterations_without_grad():
     assert all(p.grad is not None for p in looped.core.parameters())
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_state_keeps_the_residual_streams_dtype_under_autocast(name):
+    """Under bf16 autocast over float32 parameters (GPU ddp, ``train.cpu_bf16_autocast``) the state between
+    iterations stays float32, as the parent's residual stream does: the core's input is the adapter's bf16 output cast
+    back to the prelude's output dtype, so only the matmuls run in bf16 (a bf16 state learned a shorter G on 2 of 2
+    seeds, docs/experiments.md §39). In float32 nothing changes dtype."""
+    looped = LoopedLM(_parent(name, attn="eager"))
+    ids = torch.randint(0, 32, (2, 7))
+    seen = []
+    looped.core[0].register_forward_pre_hook(lambda module, args: seen.append(("core input", args[0].dtype)))
+    looped.core[0].mlp.down_proj.register_forward_hook(lambda module, args, out: seen.append(("matmul", out.dtype)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        looped.iterate(ids, torch.tensor([6]), R=3)
+    assert set(seen) == {("core input", torch.float32), ("matmul", torch.bfloat16)}
+    seen.clear()
+    looped.iterate(ids, torch.tensor([6]), R=3)
+    assert set(seen) == {("core input", torch.float32), ("matmul", torch.float32)}
+
+
 def test_untied_uses_distinct_core_copies_and_keeps_r1_parity():
     parent = _parent("tiny-qwen2")
     ids = torch.randint(0, 32, (2, 7))

@@ -269,9 +269,9 @@ def test_evaluation_runs_under_the_training_precision(strategy, monkeypatch):
     else:
         engine, task = engine_for(strategy)
     seen = []
-    engine.raw.core[0].register_forward_pre_hook(
-        lambda module, args: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
-                                          args[0].dtype)))
+    engine.raw.core[0].mlp.down_proj.register_forward_hook(  # a matmul's output: bf16 under autocast
+        lambda module, args, out: seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+                                               out.dtype)))
     if strategy == "deepspeed":
         ep = task.sample(4, 2, seed=0)
         with engine.autocast():
@@ -289,15 +289,16 @@ def test_evaluation_runs_under_the_training_precision(strategy, monkeypatch):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_cpu_bf16_autocast_runs_the_forward_in_bf16_over_float32_parameters(strategy):
     """``train.cpu_bf16_autocast``: a CPU engine's ``autocast()`` is bf16 autocast, so the training step's forward
-    runs its matmuls in bf16 (the core's input is bf16 after the adapter) while parameters and the optimizer state
-    (the moments of the gradients) stay float32; three steps' losses move from float32's, within bf16's round-off
-    (2 %). Without the flag a CPU forward is float32 throughout."""
+    runs its matmuls in bf16 (the core's first MLP projection returns bf16; the state entering the core stays float32,
+    ``tests/test_looped.py``) while parameters and the optimizer state (the moments of the gradients) stay float32;
+    three steps' losses move from float32's, within bf16's round-off (2 %). Without the flag a CPU forward is float32
+    throughout."""
     losses, seen = {}, {}
     for flag in (False, True):
         engine, task = engine_for(strategy, cpu_bf16_autocast=flag)
         seen[flag] = set()
-        engine.raw.core[0].register_forward_pre_hook(
-            lambda module, args, flag=flag: seen[flag].add((torch.is_autocast_enabled("cpu"), args[0].dtype)))
+        engine.raw.core[0].mlp.down_proj.register_forward_hook(
+            lambda module, args, out, flag=flag: seen[flag].add((torch.is_autocast_enabled("cpu"), out.dtype)))
         losses[flag] = run_steps(engine, task, range(3))
         assert {p.dtype for p in engine.raw.parameters()} == {torch.float32}
         assert {v.dtype for state in engine.optimizer.state.values() for v in state.values()

@@ -314,7 +314,10 @@ class LoopedLM(nn.Module):
             with grad_ctx:
                 prev_BTH = s_BTH
                 with record_function("par_ray.core_grad" if k >= first_grad else "par_ray.core_no_grad"):
-                    u_BTH = self.adapter(torch.cat([e_BTH, s_BTH], dim=-1))
+                    # the core's input keeps the residual stream's dtype (the prelude's output): under autocast
+                    # over float32 parameters the state between iterations stays float32, as the parent's
+                    # residual stream does; only the matmuls run in bf16 (docs/experiments.md §39)
+                    u_BTH = self.adapter(torch.cat([e_BTH, s_BTH], dim=-1)).to(e_BTH.dtype)
                     if self.state_conv is not None:
                         u_BTH = u_BTH + self._conv(s_BTH)
                     s_BTH = self._stack(self._core_for(k), u_BTH, pos, local)
