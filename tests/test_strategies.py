@@ -289,7 +289,7 @@ def test_evaluation_runs_under_the_training_precision(strategy, monkeypatch):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_cpu_bf16_autocast_runs_the_forward_in_bf16_over_float32_parameters(strategy):
     """``train.cpu_bf16_autocast``: a CPU engine's ``autocast()`` is bf16 autocast, so the training step's forward
-    runs its matmuls in bf16 (the core's first MLP projection returns bf16; the state entering the core stays float32,
+    runs its matmuls in bf16 (the core's MLP down projection returns bf16; the state entering the core stays float32,
     ``tests/test_looped.py``) while parameters and the optimizer state (the moments of the gradients) stay float32;
     three steps' losses move from float32's, within bf16's round-off (2 %). Without the flag a CPU forward is float32
     throughout."""

@@ -241,7 +241,8 @@ def cpu_bf16_notes(train_cfg, attn_implementation: str, native: bool | None = No
                      "bf16 runs emulated, expect it slower than float32")
     if attn_implementation != "eager":
         notes.append(f"note: train.cpu_bf16_autocast with backbone.attn_implementation={attn_implementation!r}: "
-                     f"torch's CPU attention kernel gains nothing in bf16; pair it with 'eager' (docs/experiments.md §38)")
+                     "torch's CPU attention kernel gains nothing in bf16; pair it with 'eager' (docs/experiments.md "
+                     "§38)")
     return notes
 
 
