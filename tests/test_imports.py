@@ -22,14 +22,10 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: tomli, which import-linter itself needs there
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
