@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import NullFormatter
 
 from analysis.aggregate import CEIL, Summary, curve_stats, with_config
 from analysis.tables import FIRST_RECIPES, config_label, display_rank
@@ -26,6 +27,8 @@ FIGSIZE = (6.4, 4.8)
 """Inches; with ``DPI`` gives 640 × 480 px."""
 DPI = 100
 _LINESTYLES = ("-", "--", "-.", ":")
+MIN_LABEL_OCTAVES = 0.45
+"""The least log2 distance between two labelled depths on the accuracy figure's axis (~70 px on the main job's 16–128)."""
 
 
 def _figure(title: str):
@@ -86,6 +89,21 @@ def curve_label(series: str, stopping: str | None) -> str:
     return series if stopping in (None, CEIL) else f"{series} ({stopping})"
 
 
+def labelled_depths(depths: list[int], d_train: int | None, min_octaves: float = MIN_LABEL_OCTAVES) -> list[int]:
+    """The test depths that get a tick label on a log2 depth axis, so labels never overprint on a fine grid such as
+    the local main job's (16, 17, …, 32, 38, …, 128): first every power-of-two multiple of ``d_train`` on the grid
+    (1×, 2×, 4×, …), then, smallest first, each other depth at least ``min_octaves`` (log2 units) from every label
+    chosen so far. The others stay unlabelled ticks. ``depths``: sorted, positive."""
+    def power_of_two_multiple(d: int) -> bool:
+        return d_train is not None and d % d_train == 0 and (d // d_train) & (d // d_train - 1) == 0
+
+    labelled = [d for d in depths if power_of_two_multiple(d)]
+    for d in depths:
+        if all(abs(math.log2(d / x)) >= min_octaves for x in labelled):
+            labelled.append(d)
+    return sorted(labelled)
+
+
 def accuracy_by_depth(accuracy: pl.DataFrame, path: str | Path, *, task: str, backbone: str) -> Path:
     """Mean full-state accuracy vs test depth (log2 axis), one line per series, band = min–max over seeds, with the
     chance and midpoint lines and the train depth marked. ``accuracy``: :func:`analysis.aggregate.curve_stats` (a
@@ -112,8 +130,10 @@ def accuracy_by_depth(accuracy: pl.DataFrame, path: str | Path, *, task: str, ba
     ax.set_xscale("log", base=2)
     if depths:
         one = int(d_train[0]) if d_train.len() == 1 else None
-        ax.set_xticks(depths, [f"{d}\n{d / one:g}×" if one else str(d) for d in depths])
-        ax.minorticks_off()
+        labelled = labelled_depths(depths, one)
+        ax.set_xticks(labelled, [f"{d}\n{d / one:.3g}×" if one else str(d) for d in labelled])
+        ax.set_xticks([d for d in depths if d not in labelled], minor=True)
+        ax.xaxis.set_minor_formatter(NullFormatter())
         if one:
             ax.axvline(one, color="0.2", linewidth=0.8, alpha=0.6)
             ax.annotate("d_train", (one, 0.02), xytext=(3, 0), textcoords="offset points", fontsize=8, color="0.2")

@@ -309,6 +309,19 @@ def test_the_curve_is_own_halting_where_a_configuration_has_it(summary):
     assert plots.curve_label("par", aggregate.CEIL) == plots.curve_label("par", None) == "par"
 
 
+
+def test_the_depth_axis_labels_the_multiples_and_thins_a_fine_grid():
+    """The accuracy figure labels 1×, 2×, 4×, 8× of d_train and enough other depths that no two labels sit closer
+    than MIN_LABEL_OCTAVES on its log2 axis (the main job's 25-depth grid overprinted when every depth was labelled)."""
+    grid = [*range(16, 33), 38, 45, 54, 64, 76, 91, 108, 128]
+    labelled = plots.labelled_depths(grid, 16)
+    assert {16, 32, 64, 128} <= set(labelled) and set(labelled) <= set(grid)
+    gaps = [math.log2(b / a) for a, b in zip(labelled, labelled[1:])]
+    assert min(gaps) >= plots.MIN_LABEL_OCTAVES and len(labelled) == 7
+    assert plots.labelled_depths([8, 16, 32, 64], 8) == [8, 16, 32, 64]  # a coarse grid keeps every label
+    assert plots.labelled_depths(grid, None)[0] == 16 and len(plots.labelled_depths(grid, None)) == 7
+
+
 def test_iteration_stats(summary):
     it = summary.iterations
     r = _row(it, k=2)
