@@ -28,7 +28,7 @@ FIGSIZE = (6.4, 4.8)
 DPI = 100
 _LINESTYLES = ("-", "--", "-.", ":")
 MIN_LABEL_OCTAVES = 0.45
-"""The least log2 distance between two labelled depths on the accuracy figure's axis (~70 px on the main job's 16–128)."""
+"""The least log2 distance between two labelled depths on the accuracy figure's axis (~70 px on a 16–128 axis)."""
 
 
 def _figure(title: str):
