@@ -278,10 +278,10 @@ class TrainConfig:
     trial's training 37 % faster (an AMD EPYC, docs/experiments.md §38); without them bf16 is emulated and slower.
     Pair it with ``backbone.attn_implementation='eager'``: torch's CPU flash-attention kernel (SDPA) is no faster
     under bf16. CPU only (GPU workers autocast anyway) and not with ``train.strategy='deepspeed'``, whose bf16 mode
-    is a GPU feature. Opt-in: the local presets train in float32 (their measured tables are float32's) and bf16's G
-    is measured on too few models: with the state between iterations in float32, as ``LoopedLM.iterate`` keeps it,
-    seed 3 of both shapes reached interpolated G 5.84 / 5.09 (a bf16 state: 2.56 / 3.68, and 5 of 10 models >= 4
-    against float32's 9 of 10; docs/experiments.md §39)."""
+    is a GPU feature. Opt-in: the local presets train in float32, whose recipe reaches interpolated G >= 4 on 9 of
+    10 models (seeds 0-4 x both tiny shapes); under this option, with the state between iterations in float32 as
+    ``LoopedLM.iterate`` keeps it, 7 of 10 do, and the main job takes 94 instead of ~140 min on the AMD EPYC
+    (docs/experiments.md §39, §40)."""
 
 
 @dataclass(frozen=True)

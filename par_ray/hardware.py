@@ -158,9 +158,9 @@ AMX-BF16's bf16 products two trials side by side ran their last phase ~1.2x fast
 barrier, 5-27 % of a two-thread step beside an idle Ray cluster, §37): plan those with a measured MFU (``--prices``).
 ``train_compiled_bf16`` and ``eval_bf16`` (``train.cpu_bf16_autocast`` with eager attention): the six trials of the
 main job run that way on the 2-core AMD EPYC VM with AVX512-BF16 (2026-12-06, §38) reached 0.65–0.81 in training
-with a bf16 state between iterations (0.75 taken); with the float32 state the model keeps since (§39) two trials
-reached 0.66 / 0.70 and trained 7–13 % longer than planned, which a main job under it should settle; evaluation is
-``eval`` × 2, the ratio of a float32 and a bf16 evaluation side by side (16 s against 8 s).
+with a bf16 state between iterations (0.75 taken); with the float32 state the model keeps since (§39, §40) its ten
+trials of seeds 0–4 reached 0.66–0.77 (median 0.74), so 0.75 stands; evaluation is ``eval`` × 2, the ratio of a
+float32 and a bf16 evaluation side by side (16 s against 8 s).
 On that VM a float32 trial side by side trained 1.6x slower than a bf16 one (a 600-step proxy pair, 381 against 239 s),
 i.e. below the ``train_compiled`` it is planned at: that figure came from other runs and machines, and it is the plan
 such a machine should replace with its own measurement.
