@@ -309,7 +309,6 @@ def test_the_curve_is_own_halting_where_a_configuration_has_it(summary):
     assert plots.curve_label("par", aggregate.CEIL) == plots.curve_label("par", None) == "par"
 
 
-
 def test_the_depth_axis_labels_the_multiples_and_thins_a_fine_grid():
     """The accuracy figure labels 1×, 2×, 4×, 8× of d_train and enough other depths that no two labels sit closer
     than MIN_LABEL_OCTAVES on its log2 axis (the main job's 25-depth grid overprinted when every depth was labelled)."""
