@@ -182,6 +182,106 @@ def test_sigterm_handler_calls_the_handler_then_restores_the_previous_one_and_sk
     assert seen == [before] and signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_ctrl_c_while_ray_starts_or_stops_is_answered_once_it_has(monkeypatch):
+    """``local_ray`` holds SIGINT and SIGTERM through ``ray.init`` and ``ray.shutdown``: a Ctrl-C in the middle of
+    either lets it finish, then raises ``KeyboardInterrupt``; the block it guards never runs after a Ctrl-C at start.
+    Unheld, the interrupt lands inside ``ray.init`` (a half-started node: the raylet's agents outlive the driver, or
+    the interpreter crashes at exit)."""
+    import ray
+
+    from par_ray.train.__main__ import _stop_as_ctrl_c
+    from par_ray.train.trainer import local_ray, sigterm_handler
+
+    calls = []
+
+    def init(**kwargs):
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C while Ray starts its processes
+        calls.append("init finished")
+
+    def shutdown():
+        signal.raise_signal(signal.SIGTERM)  # kill while Ray stops them (the CLI answers SIGTERM as Ctrl-C)
+        calls.append("shutdown finished")
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", shutdown)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with sigterm_handler(_stop_as_ctrl_c), local_ray(num_cpus=1):
+            calls.append("the run")
+    assert calls == ["init finished", "shutdown finished"]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_signals_held_passes_each_held_signal_on_once_and_a_second_one_at_once(capfd):
+    """``signals_held``: a SIGINT and a SIGTERM that come in the block reach the handlers before it when it ends, never
+    inside it, each with one line; a second SIGINT in the block reaches its handler at once (the user insists); the
+    handlers are restored however the block ends."""
+    from par_ray.train.trainer import signals_held
+
+    seen = []
+
+    def mine(signum, frame):
+        seen.append(signum)
+
+    previous = {signum: signal.signal(signum, mine) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with signals_held("the test's block ends"):
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)
+            assert seen == []
+        assert seen == [signal.SIGINT, signal.SIGTERM]
+        assert [line for line in capfd.readouterr().err.splitlines() if line] == [
+            "SIGINT: stopping once the test's block ends (again to stop at once)",
+            "SIGTERM: stopping once the test's block ends (again to stop at once)"]
+        seen.clear()
+        with signals_held("x"):
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            assert seen == [signal.SIGINT]  # the second: at once
+        assert seen == [signal.SIGINT, signal.SIGINT]
+        with pytest.raises(RuntimeError, match="the block's own error"), signals_held("x"):
+            raise RuntimeError("the block's own error")
+        assert signal.getsignal(signal.SIGINT) is mine and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def test_processes_ray_starts_ignore_ctrl_c_and_later_ones_do_not():
+    """``signals_held(..., children_ignore_ctrl_c=True)``: a process started in the block as Ray starts its own (a
+    ``subprocess.Popen`` with a ``preexec_fn``) ignores SIGINT, so a terminal's Ctrl-C reaches the driver only; one
+    started after the block takes it as usual (``KeyboardInterrupt``)."""
+    import subprocess
+    import sys
+
+    from par_ray.train.trainer import signals_held
+
+    def child_sigint() -> str:
+        code = "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              preexec_fn=lambda: None).stdout.strip()
+
+    with signals_held("Ray has started", children_ignore_ctrl_c=True):
+        during = child_sigint()
+    assert (during, child_sigint()) == ("True", "False")
+
+
+def test_a_ctrl_c_before_training_or_a_sweep_starts_is_one_line_and_status_130(monkeypatch, capsys):
+    """Ctrl-C while the command still imports or validates (before Ray or Tune take it): one line, exit status 130,
+    no traceback, for the single-run CLI and a sweep script."""
+    import par_ray.sweep.cli
+    import par_ray.train.__main__ as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "config_from_args", interrupted)
+    assert cli.main(["--train-depth", "4"]) == 130
+    monkeypatch.setattr(par_ray.sweep.cli, "run_sweep", interrupted)
+    assert sweep.main(SweepSpec(name="x"), ["--preset", "local"]) == 130
+    assert capsys.readouterr().err.split() == ["interrupted", "interrupted"]
+
+
 def test_sigterm_closes_every_open_run_then_stops_tune_as_ctrl_c(tmp_path):
     from par_ray.sweep.run import _sigterm_as_ctrl_c
 

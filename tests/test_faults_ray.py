@@ -420,11 +420,44 @@ def test_a_cli_run_on_more_workers_than_the_cluster_has_cpus_is_one_line_before_
     assert "Traceback" not in r.stderr and not out.exists()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.full_only)])
-def test_one_ctrl_c_stops_a_cli_run_on_ray_workers_and_no_ray_process_is_left(tmp_path, signum):
+def _stacks(pid: int) -> str:
+    """Every thread's Python stack in process ``pid`` and its children (py-spy, which ``ray[default]`` installs), for
+    a test whose process did not exit: what it waits on."""
+    import psutil
+
+    spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
+    if spy is None:
+        return "(py-spy not installed: no stacks)"
+    dumps = []
+    for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        with contextlib.suppress(subprocess.SubprocessError):
+            r = subprocess.run([spy, "dump", "--pid", str(p.pid)], capture_output=True, text=True, timeout=30)
+            dumps.append(f"----- {p.pid} {_cmdline(p)[:150]}\n{r.stdout}{r.stderr}")
+    return "\n".join(dumps)
+
+
+def _cmdline(p) -> str:
+    """``p``'s command line, or "" once it has exited (``psutil.Process``)."""
+    import psutil
+
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+@pytest.mark.parametrize(("signum", "when"), [
+    (signal.SIGINT, "training"),
+    (signal.SIGINT, "Ray starting"),
+    pytest.param(signal.SIGTERM, "training", marks=pytest.mark.full_only),
+])
+def test_one_ctrl_c_stops_a_cli_run_on_ray_workers_and_no_ray_process_is_left(tmp_path, signum, when):
     """Ctrl-C (SIGINT to the process group, as a terminal sends it) or SIGTERM (``kill``) once, mid-training on two
-    Ray workers: one line, exit status 130, and every process of the Ray instance the run started (GCS, raylet,
-    dashboard and its agents, Train's controller and workers) gone."""
+    Ray workers or while the run starts its Ray instance: one line, exit status 130, and every process of the Ray
+    instance the run started (GCS, raylet, dashboard and its agents and modules, Train's controller and workers) gone.
+    A Ctrl-C while Ray starts is held until it has (``par_ray.train.trainer.signals_held``): taken inside
+    ``ray.init``, it left the raylet's agents running up to a minute, crashed the interpreter at exit, or (reaching
+    the dashboard's modules) kept ``ray.init`` waiting 60 s for the dashboard."""
     import queue
     import threading
 
@@ -438,17 +471,29 @@ def test_one_ctrl_c_stops_a_cli_run_on_ray_workers_and_no_ray_process_is_left(tm
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
     reader.start()
-    seen = []
+    seen, stacks = [], ""
+    started = (lambda line: " step " in line and "/100000" in line) if when == "training" else (
+        lambda line: line.startswith("Ray: starting a local instance"))
     try:
-        while not any(" step " in line and "/100000" in line for line in seen):  # the workers are training
+        while not any(started(line) for line in seen):
             seen.append(lines.get(timeout=300))
         ray_processes = psutil.Process(proc.pid).children(recursive=True)
-        assert any("raylet" in " ".join(p.cmdline()) for p in ray_processes)
+        # while Ray starts: once the raylet has started its agents (ray::DashboardAgent, ray::RuntimeEnvAgent), the
+        # moment an unheld Ctrl-C left them running after the driver exited
+        deadline = time.monotonic() + 120
+        while when == "Ray starting" and not any("Agent" in _cmdline(p) for p in ray_processes):
+            assert time.monotonic() < deadline and proc.poll() is None, "Ray did not start its agents"
+            time.sleep(0.05)
+            ray_processes = psutil.Process(proc.pid).children(recursive=True)
+        assert any("gcs_server" in _cmdline(p) for p in ray_processes)
         if signum == signal.SIGINT:
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.send_signal(signum)
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            stacks = _stacks(proc.pid)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -456,13 +501,16 @@ def test_one_ctrl_c_stops_a_cli_run_on_ray_workers_and_no_ray_process_is_left(tm
     while not lines.empty():
         seen.append(lines.get())
     text = "".join(seen)
-    print(text[-4000:])
+    print(text[-4000:], *([stacks] if stacks else []), sep="\n----- the stacks of the processes left -----\n")
     assert proc.returncode == 130
     assert text.strip().splitlines()[-1] == ("interrupted: rerun the same command to continue from the latest "
                                              f"checkpoint in {out}")
-    assert "Traceback" not in text
-    _, alive = psutil.wait_procs(ray_processes, timeout=60)
-    assert not alive, [" ".join(p.cmdline())[:200] for p in alive]
+    assert "Traceback" not in text and "ERROR" not in text
+    for p in list(ray_processes):  # and those they started since (a worker's own children)
+        with contextlib.suppress(psutil.Error):
+            ray_processes += p.children(recursive=True)
+    _, alive = psutil.wait_procs([p for p in ray_processes if p.is_running()], timeout=15)
+    assert not alive, [_cmdline(p)[:200] for p in alive]
 
 
 @pytest.mark.full_only

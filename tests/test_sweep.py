@@ -506,6 +506,7 @@ def test_console_is_quiet_by_ray_knobs(monkeypatch):
     import ray
 
     from par_ray.sweep import resources, run
+    from par_ray.train.trainer import quiet_worker_logging
 
     grid = sweep.build_plan(_load(ROOT / "sweeps/backbone_scaling.py").SPEC, Options(smoke_test=True), "local")
     reporter = run._reporter(grid)
@@ -529,7 +530,7 @@ def test_console_is_quiet_by_ray_knobs(monkeypatch):
     assert os.environ["RAY_API_SERVER_ADDRESS"] == f"http://127.0.0.1:{calls[-1]['dashboard_port']}"
     assert calls[-1]["runtime_env"]["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
                                                     "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"}
-    assert calls[-1]["runtime_env"]["worker_process_setup_hook"] is resources.quiet_worker_logging
+    assert calls[-1]["runtime_env"]["worker_process_setup_hook"] is quiet_worker_logging
     monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")
     resources.connect()
     assert calls[-1]["runtime_env"]["env_vars"]["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"

@@ -140,10 +140,14 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
 
 
 def main(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> int:
-    """Entry point of a ``sweeps/*.py`` script: parse the common flags, run; bad input → one line, exit status 2."""
+    """Entry point of a ``sweeps/*.py`` script: parse the common flags, run; bad input → one line, exit status 2; a
+    Ctrl-C that Tune did not take (before its trials start, or a second one) → one line, exit status 130."""
     opts = parse_args(spec, argv)
     try:
         return run_sweep(spec, opts)
+    except KeyboardInterrupt:  # run_sweep has printed the --resume hint if the sweep had started
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     except SweepConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -116,69 +116,39 @@ def _running_head_temp_dirs() -> list[str]:
     return dirs
 
 
-QUIET_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
-"""Environment of every Ray worker of a sweep (``runtime_env``; a variable the user set wins). Train V2's print patch
-routes a worker's ``print`` through a logger that also echoes it, so each progress line would reach the console
-twice."""
-LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"}
-"""Added on a local cluster this process starts: its machine is never drained for preemption, and Train's watcher
-actor logs a core-worker error line per trial ("constructor arguments in the object store and max_restarts > 0");
-and Ray's C++ failure-signal handler, which prints "*** SIGTERM received …" and a stack dump from every worker process
-Ray stops at a trial's end (Python's own traceback of a crash still reaches the trial's error and log files). A
-cluster keeps both: its workers may be preempted, and a segfault's C++ stack is worth its lines there."""
-
-
-def quiet_worker_logging() -> None:
-    """Ray ``worker_process_setup_hook`` of a sweep's workers: Ray Train V2 logs every report (its metrics and
-    checkpoint, ``Reporting training result N: TrainingReport(...)``) at INFO from a logger named by its file path, not
-    ``ray.train.*``, so the trial's ``LoggingConfig`` misses it; it still reaches Train's log files at WARNING. Also
-    keeps the autoscaling coordinator's transient "Failed to send resource request" traceback off the console."""
-    import logging
-
-    try:
-        from ray.train.v2._internal.execution import context
-    except ImportError:  # another Ray version: nothing to quiet
-        return
-    logging.getLogger(context.__file__).setLevel(logging.WARNING)
-    # Train's controller asks Ray's autoscaling coordinator for its workers' resources with a 5 s timeout; on a busy
-    # machine the coordinator actor is still starting, and Train logs a WARNING with a full traceback that says "safe
-    # to ignore" (it retries every 20 s; a trial whose resources never come stays PENDING in Tune's table). A filter,
-    # not a level: Train's dictConfig resets the levels of the ``ray.train.*`` loggers that exist when it runs.
-    logging.getLogger("ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client").addFilter(
-        lambda record: record.levelno >= logging.ERROR)
-
-
 def connect():
     """``ray.init`` at :func:`ray_address`, unless Ray is initialised already (then ``None``; else the RayContext).
 
     The console gets Ray's WARNING-and-above lines and what the trials' processes print (``log_to_driver``: the
     training loop's progress lines, failures); Ray Train's INFO lines go to its log files only (the trial's
-    ``LoggingConfig``, ``par_ray.sweep.run``; :func:`quiet_worker_logging`). :data:`QUIET_ENV` (and
-    :data:`LOCAL_ENV` for a new local cluster) reach every worker through the job's ``runtime_env``.
+    ``LoggingConfig``, ``par_ray.sweep.run``; ``quiet_worker_logging``): ``par_ray.train.trainer.worker_runtime_env``
+    is the job's ``runtime_env``. A Ctrl-C or
+    SIGTERM while Ray starts is held until it has, and the processes it starts ignore Ctrl-C, which reaches this
+    driver only (``par_ray.train.trainer.signals_held``).
     """
     import ray
+
+    from par_ray.train.trainer import free_dashboard_port, signals_held, worker_runtime_env
 
     if ray.is_initialized():
         return None
     address = ray_address()
-    env = {**QUIET_ENV, **(LOCAL_ENV if address == "local" else {})}
-    env = {k: v for k, v in env.items() if k not in os.environ}  # the user's (or the Ray job's) setting wins
-    runtime_env = {"worker_process_setup_hook": quiet_worker_logging, **({"env_vars": env} if env else {})}
+    runtime_env = worker_runtime_env(local=address == "local")
     local = {}
     if address == "local" and not os.environ.get("RAY_API_SERVER_ADDRESS"):
         # As train.trainer.local_ray: Ray Train's PlacementGroupCleaner asks the State API about its controller; with
         # no address set it auto-detects "the" Ray instance and, beside another one on this host, asks the wrong one
         # (tracebacks, "Found multiple active Ray instances", a leaked placement group). Pin it to this cluster's
         # dashboard, before Ray starts, so every Ray process inherits it.
-        from par_ray.train.trainer import free_dashboard_port
-
         port = free_dashboard_port()
         os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
         local = dict(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port)
     _check_token(address)
+
     try:
-        context = ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True,
-                           runtime_env=runtime_env, **local)
+        with signals_held("Ray has started", children_ignore_ctrl_c=True):
+            context = ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True,
+                               runtime_env=runtime_env, **local)
     except (ray.exceptions.AuthenticationError, RuntimeError, ConnectionError) as e:
         # Ray 2.60 wraps the AuthenticationError: "Failed to connect to GCS" (RuntimeError), raised again as
         # "Failed to connect to Ray cluster" (ConnectionError) when joining an address

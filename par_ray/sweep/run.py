@@ -423,7 +423,10 @@ def _disconnect(context) -> None:
     if context is not None:
         import ray
 
-        ray.shutdown()
+        from par_ray.train.trainer import signals_held
+
+        with signals_held("Ray has stopped"):
+            ray.shutdown()
 
 
 def stop_cause(error: BaseException, storage: str) -> OSError | None:

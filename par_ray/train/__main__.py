@@ -253,6 +253,16 @@ def _stop_as_ctrl_c(signum, frame):
 
 
 def main(argv=None) -> int:
+    """``python -m par_ray.train``: exit status 0 trained, 1 training failed, 2 bad input, 130 interrupted (Ctrl-C
+    or SIGTERM; one line, no traceback, wherever it lands)."""
+    try:
+        return _train(argv)
+    except KeyboardInterrupt:  # before training (imports, validation) or after it: training's own is caught there
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+def _train(argv) -> int:
     args = parse_args(argv)
     try:
         cfg = config_from_args(args)
@@ -289,10 +299,12 @@ def main(argv=None) -> int:
     # Ray workers print through Train V2's print patch, which echoes each progress line a second time; Ray Train's
     # INFO lines (every report and checkpoint) stay in its log files (LoggingConfig), as in a sweep.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-    ray_instance = contextlib.nullcontext() if local or ray.is_initialized() or os.environ.get("RAY_ADDRESS") \
-        else local_ray(num_cpus=None, logging_level="WARNING")
+    ray_instance = contextlib.nullcontext()
+    if not (local or ray.is_initialized() or os.environ.get("RAY_ADDRESS")):
+        print(f"Ray: starting a local instance for {cfg.train.num_workers} workers", flush=True)
+        ray_instance = local_ray(num_cpus=None, logging_level="WARNING")
     try:
-        with ray_instance, sigterm_handler(_stop_as_ctrl_c):
+        with sigterm_handler(_stop_as_ctrl_c), ray_instance:  # SIGTERM while Ray starts, too
             trainer = build_trainer(cfg, name, storage_path=storage, local=local, export_dir=partial,
                                     log_level="WARNING")
             if not local:  # workers Ray could never place would be waited for forever

@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import socket
+import threading
 
 import ray
 import ray.train
@@ -55,6 +56,48 @@ def free_dashboard_port() -> int:
                        "on 127.0.0.1: stop a local Ray instance (ray stop) or set RAY_API_SERVER_ADDRESS")
 
 
+QUIET_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+"""Environment of every Ray worker of a sweep or a single run (:func:`worker_runtime_env`). Train V2's print patch
+routes a worker's ``print`` through a logger that also echoes it, so each progress line would reach the console
+twice."""
+LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"}
+"""Added on a local cluster this process starts (:func:`local_ray`, a sweep's ``connect``): its machine is never
+drained for preemption, and Train's watcher actor logs a core-worker error line per trial ("constructor arguments in
+the object store and max_restarts > 0"); and Ray's C++ failure-signal handler, which prints "*** SIGTERM received …"
+and a stack dump from every worker process Ray stops at a trial's end (Python's own traceback of a crash still reaches
+the trial's error and log files). A cluster keeps both: its workers may be preempted, and a segfault's C++ stack is
+worth its lines there."""
+
+
+def quiet_worker_logging() -> None:
+    """Ray ``worker_process_setup_hook`` of the workers of a sweep or a single run: Ray Train V2 logs every report
+    (its metrics and checkpoint, ``Reporting training result N: TrainingReport(...)``) at INFO from a logger named by
+    its file path, not ``ray.train.*``, so the trial's ``LoggingConfig`` misses it; it still reaches Train's log files
+    at WARNING. Also keeps the autoscaling coordinator's transient "Failed to send resource request" traceback off the
+    console."""
+    import logging
+
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:  # another Ray version: nothing to quiet
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+    # Train's controller asks Ray's autoscaling coordinator for its workers' resources with a 5 s timeout; on a busy
+    # machine the coordinator actor is still starting, and Train logs a WARNING with a full traceback that says "safe
+    # to ignore" (it retries every 20 s; a trial whose resources never come stays PENDING in Tune's table). A filter,
+    # not a level: Train's dictConfig resets the levels of the ``ray.train.*`` loggers that exist when it runs.
+    logging.getLogger("ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client").addFilter(
+        lambda record: record.levelno >= logging.ERROR)
+
+
+def worker_runtime_env(local: bool) -> dict:
+    """The ``runtime_env`` of a Ray job this project starts (a sweep, or a single run on a local cluster):
+    :func:`quiet_worker_logging` in every worker, :data:`QUIET_ENV` and, on a local cluster (``local``),
+    :data:`LOCAL_ENV`; a variable already set in this process (by the user, or by the Ray job) is left to it."""
+    env = {k: v for k, v in {**QUIET_ENV, **(LOCAL_ENV if local else {})}.items() if k not in os.environ}
+    return {"worker_process_setup_hook": quiet_worker_logging, **({"env_vars": env} if env else {})}
+
+
 @contextlib.contextmanager
 def local_ray(num_cpus: int, **init_kwargs):
     """A private Ray instance on this machine for tests, benchmarks and laptops; shut down on exit.
@@ -65,21 +108,90 @@ def local_ray(num_cpus: int, **init_kwargs):
     independent instances (CI beside other jobs) it may ask another instance, hear "no such actor" and kill this
     run mid-training (seen on the shared CI machine). So the dashboard (which serves the State API) is bound to a
     known port (:func:`free_dashboard_port`) and ``RAY_API_SERVER_ADDRESS`` points at it before Ray starts, so every
-    Ray process inherits it.
+    Ray process inherits it. A Ctrl-C or SIGTERM while Ray starts or stops is held until it has, and the processes
+    it starts ignore Ctrl-C, which reaches this driver only (:func:`signals_held`). The workers' ``runtime_env`` is
+    :func:`worker_runtime_env` unless ``init_kwargs`` names one.
     """
     port = free_dashboard_port()
     previous = os.environ.get("RAY_API_SERVER_ADDRESS")
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    init_kwargs.setdefault("runtime_env", worker_runtime_env(local=True))
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
-                 **init_kwargs)
+        with signals_held("Ray has started", children_ignore_ctrl_c=True):
+            ray.init(num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
+                     **init_kwargs)
         yield
     finally:
-        ray.shutdown()
-        if previous is None:
-            os.environ.pop("RAY_API_SERVER_ADDRESS", None)
-        else:
-            os.environ["RAY_API_SERVER_ADDRESS"] = previous
+        try:
+            with signals_held("Ray has stopped"):
+                ray.shutdown()
+        finally:
+            if previous is None:
+                os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+            else:
+                os.environ["RAY_API_SERVER_ADDRESS"] = previous
+
+
+_children_ignore_ctrl_c = False
+"""Set by :func:`signals_held` while Ray starts its processes: each child forked meanwhile ignores SIGINT."""
+
+
+def _ignore_ctrl_c_in_child() -> None:
+    if _children_ignore_ctrl_c:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+os.register_at_fork(after_in_child=_ignore_ctrl_c_in_child)  # in the child of a fork that returns to Python:
+# os.fork, and subprocess.Popen with a preexec_fn, which Ray passes for every process it starts
+
+
+@contextlib.contextmanager
+def signals_held(what: str, *, children_ignore_ctrl_c: bool = False):
+    """While the block runs, the first SIGINT (Ctrl-C) and the first SIGTERM are held, not acted on: one line on
+    stderr says so; when the block ends, however it ends, the handlers installed before are restored and each held
+    signal goes to its handler (Python's SIGINT handler raises ``KeyboardInterrupt`` there; SIGTERM's default action
+    ends the process). A second one of the same kind goes to that handler at once: the user insists.
+
+    ``what``: what the block does, for the line (``"Ray has started"``). Wraps Ray starting and stopping its
+    processes (``ray.init``, ``ray.shutdown``: a few seconds each). A ``KeyboardInterrupt`` raised inside
+    ``ray.init`` leaves a half-started node, whose ``ray.shutdown`` misses the raylet's dashboard and runtime-env
+    agents (alive up to a minute after the driver exits) or crashes the interpreter at exit (SIGSEGV); one inside
+    ``ray.shutdown`` leaves the rest of the instance running. Outside the main thread, where Python runs no signal
+    handlers, nothing is held.
+
+    ``children_ignore_ctrl_c``: the processes started in the block (by ``ray.init`` of a local instance: GCS,
+    raylet, dashboard, ...) ignore SIGINT, and so do theirs (an ignored signal stays ignored across ``exec``, and
+    Python then installs no ``KeyboardInterrupt`` handler). A terminal sends Ctrl-C to its whole foreground process
+    group: Ray blocks it in the processes it starts, but the dashboard's module processes (forked from a
+    multiprocessing forkserver) took it as their own ``KeyboardInterrupt``; one that came while they started kept
+    ``ray.init`` waiting 60 s for the dashboard. Ignoring it, the Ctrl-C reaches this driver only, which stops them in
+    order (``ray.shutdown``).
+    """
+    global _children_ignore_ctrl_c
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum, frame):
+        held.append(signum)
+        signal.signal(signum, previous[signum])  # a second one is not held
+        name = signal.Signals(signum).name
+        os.write(2, f"\n{name}: stopping once {what} (again to stop at once)\n".encode())  # no buffered I/O here
+
+    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)}
+    _children_ignore_ctrl_c = children_ignore_ctrl_c
+    try:
+        yield
+    finally:
+        _children_ignore_ctrl_c = False
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in held:
+            if callable(previous[signum]):
+                previous[signum](signum, None)
+            elif previous[signum] == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 @contextlib.contextmanager
