@@ -122,9 +122,8 @@ def connect():
     The console gets Ray's WARNING-and-above lines and what the trials' processes print (``log_to_driver``: the
     training loop's progress lines, failures); Ray Train's INFO lines go to its log files only (the trial's
     ``LoggingConfig``, ``par_ray.sweep.run``; ``quiet_worker_logging``): ``par_ray.train.trainer.worker_runtime_env``
-    is the job's ``runtime_env``. A Ctrl-C or
-    SIGTERM while Ray starts is held until it has, and the processes it starts ignore Ctrl-C, which reaches this
-    driver only (``par_ray.train.trainer.signals_held``).
+    is the job's ``runtime_env``. A Ctrl-C or SIGTERM while Ray starts is held until it has, and the processes it
+    starts ignore Ctrl-C, which reaches this driver only (``par_ray.train.trainer.signals_held``).
     """
     import ray
 
@@ -144,7 +143,6 @@ def connect():
         os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
         local = dict(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port)
     _check_token(address)
-
     try:
         with signals_held("Ray has started", children_ignore_ctrl_c=True):
             context = ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True,
