@@ -242,6 +242,12 @@ def test_signals_held_passes_each_held_signal_on_once_and_a_second_one_at_once(c
         with pytest.raises(RuntimeError, match="the block's own error"), signals_held("x"):
             raise RuntimeError("the block's own error")
         assert signal.getsignal(signal.SIGINT) is mine and signal.getsignal(signal.SIGTERM) is mine
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # started in the background by a shell, or by nohup
+        capfd.readouterr()
+        with signals_held("x"):
+            assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN and capfd.readouterr().err == ""
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

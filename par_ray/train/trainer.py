@@ -157,7 +157,7 @@ def signals_held(what: str, *, children_ignore_ctrl_c: bool = False):
     ``ray.init`` leaves a half-started node, whose ``ray.shutdown`` misses the raylet's dashboard and runtime-env
     agents (alive up to a minute after the driver exits) or crashes the interpreter at exit (SIGSEGV); one inside
     ``ray.shutdown`` leaves the rest of the instance running. Outside the main thread, where Python runs no signal
-    handlers, nothing is held.
+    handlers, nothing is held; a signal this process ignores stays ignored.
 
     ``children_ignore_ctrl_c``: the processes started in the block (by ``ray.init`` of a local instance: GCS,
     raylet, dashboard, ...) ignore SIGINT, and so do theirs (an ignored signal stays ignored across ``exec``, and
@@ -179,7 +179,9 @@ def signals_held(what: str, *, children_ignore_ctrl_c: bool = False):
         name = signal.Signals(signum).name
         os.write(2, f"\n{name}: stopping once {what} (again to stop at once)\n".encode())  # no buffered I/O here
 
-    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)}
+    # a signal this process ignores (started in the background by a non-interactive shell, or by nohup) stays ignored
+    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(signum) != signal.SIG_IGN}
     _children_ignore_ctrl_c = children_ignore_ctrl_c
     try:
         yield
