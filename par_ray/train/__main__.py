@@ -322,7 +322,8 @@ def _train(argv) -> int:
             result = trainer.fit()
     except KeyboardInterrupt:
         then = ("this process keeps no checkpoint (one worker, Ray Train's local mode): rerunning starts afresh"
-                if local else f"rerun the same command to continue from the latest checkpoint in {out}")
+                if local else f"rerun the same command to continue from the latest checkpoint in {out}"
+                if _has_ray_checkpoints(storage, name) else "no checkpoint was written yet: rerunning starts afresh")
         print(f"\ninterrupted: {then}", file=sys.stderr)
         return 130
     except (ray.train.TrainingFailedError, ray.exceptions.RayError, FloatingPointError, ValueError, RuntimeError,
