@@ -463,6 +463,8 @@ def test_one_ctrl_c_stops_a_cli_run_on_ray_workers_and_no_ray_process_is_left(tm
 
     import psutil
 
+    from par_ray.train.trainer import SNAPSHOT_FILE
+
     out = tmp_path / "run"
     proc = subprocess.Popen(_cli("--workers", "2", "--steps", "100000", "--set", "train.batch_size=8",
                                  "--set", "train.report_every=20", "--out", str(out)),
@@ -503,7 +505,7 @@ def test_one_ctrl_c_stops_a_cli_run_on_ray_workers_and_no_ray_process_is_left(tm
     text = "".join(seen)
     print(text[-4000:], *([stacks] if stacks else []), sep="\n----- the stacks of the processes left -----\n")
     assert proc.returncode == 130
-    checkpointed = any((out / "ray").glob("*/checkpoint_manager_snapshot.json"))  # the line says what is on disk
+    checkpointed = any((out / "ray").glob(f"*/{SNAPSHOT_FILE}"))  # the line says what is on disk
     assert not (checkpointed and when == "Ray starting")
     assert text.strip().splitlines()[-1] == (
         f"interrupted: rerun the same command to continue from the latest checkpoint in {out}" if checkpointed

@@ -183,7 +183,9 @@ def _one_line(error: BaseException, limit: int = 2000) -> str:
 
 def _has_ray_checkpoints(storage: str, name: str) -> bool:
     """Whether Ray Train storage ``storage`` holds checkpoints of run ``name`` (its checkpoint manager's snapshot)."""
-    return os.path.isfile(os.path.join(storage, name, "checkpoint_manager_snapshot.json"))
+    from par_ray.train.trainer import SNAPSHOT_FILE  # noqa: PLC0415 - imports Ray; called after validation
+
+    return os.path.isfile(os.path.join(storage, name, SNAPSHOT_FILE))
 
 
 def g_summary_lines(ex, max_depth: int) -> list[str]:
