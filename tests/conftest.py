@@ -22,6 +22,11 @@ os.environ["HF_HUB_CACHE"] = HF_HUB_CACHE
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 
+# The tests start their own local Ray instances: never join a cluster that RAY_ADDRESS names or that runs on this
+# machine (`ray start --head`; par_ray.train.cluster.ray_address); a test that joins one sets RAY_ADDRESS itself.
+os.environ["RAY_ADDRESS"] = "local"
+
+
 def pytest_unconfigure(config):
     """Remove the tests' hub cache when the session ends (each run made one under the system's temp directory)."""
     shutil.rmtree(HF_HUB_CACHE, ignore_errors=True)

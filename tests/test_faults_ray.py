@@ -167,7 +167,7 @@ def test_cli_run_on_two_fsdp_workers_resumes_on_one_without_a_stale_shard(tmp_pa
     base = [sys.executable, "-m", "par_ray.train", "--train-depth", "4", "--eval-depths", "4,8", "--steps", "4",
             "--set", "eval.num_sequences=8", "--set", "train.batch_size=8", "--set", "train.eval_every=100",
             "--set", "train.warmup_steps=1", "--set", "train.checkpoint_every=2", "--out", str(out)]
-    env = {**_env(), "RAY_ADDRESS": ""}
+    env = _env()
     first = subprocess.run(base + ["--workers", "2", "--strategy", "fsdp"], capture_output=True, text=True,
                            timeout=900, cwd=ROOT, env=env)
     print(first.stdout[-3000:], first.stderr[-3000:], sep="\n----- stderr -----\n")
@@ -277,6 +277,44 @@ def test_a_cluster_wanting_a_token_the_laptop_lacks_is_one_line(tmp_path):
             f"token for it; set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token"]
         assert "Traceback" not in r.stderr
         assert r.stderr.count("InvalidAuthToken") <= 2  # one attempt, not ray.init's ~20 s of retries
+
+
+def test_the_cli_joins_a_running_cluster_and_trains_even_one_worker_on_it(tmp_path):
+    """``ray job submit -- python -m par_ray.train …`` runs the CLI with ``RAY_ADDRESS`` naming the cluster: it joins it
+    (the capacity check needs ``ray.init``: it used to fail "Ray has not been started yet" for ``--workers 2``) and
+    runs even one worker as a Ray worker there, where the cluster has room and with checkpoints, not in Ray Train's
+    local mode in this process (on a cluster, the head). Without the cluster's token: one line, exit 2."""
+    from par_ray.train.trainer import SNAPSHOT_FILE
+
+    temp_dir = Path(f"/tmp/rtc{os.getpid()}")  # short: Ray's socket paths must stay under 108 characters
+    port = mlflow_ui.free_port()
+    base = {k: v for k, v in _env().items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
+    token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "b" * 32}
+    driver = {"RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_TMPDIR": str(tmp_path / "rt")}
+    args = ("--steps", "4", "--set", "train.batch_size=8", "--set", "train.checkpoint_every=2")
+    with ray_head(temp_dir, port, {**base, **token}) as started:
+        assert started.returncode == 0, started.stderr[-3000:]
+        out = tmp_path / "run"
+        r = subprocess.run(_cli(*args, "--out", str(out)), capture_output=True, text=True, timeout=600, cwd=ROOT,
+                           env={**base, **token, **driver})
+        print(r.stdout[-3000:], r.stderr[-3000:], sep="\n----- stderr -----\n")
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"Ray: joined 127.0.0.1:{port}" in r.stdout.splitlines()
+        assert "(RayTrainWorker pid=" in r.stdout and "step      4/4" in r.stdout  # a Ray worker's forwarded lines
+        (run,) = (out / "ray").iterdir()
+        assert (run / SNAPSHOT_FILE).is_file()  # Ray Train's checkpoints: local mode keeps none
+        assert (out / "final" / "model.safetensors").is_file() and (out / "result.json").is_file()
+
+        (tmp_path / "home").mkdir()  # no ~/.ray/auth_token
+        out = tmp_path / "refused"
+        r = subprocess.run(_cli(*args, "--out", str(out)), capture_output=True, text=True, timeout=300, cwd=ROOT,
+                           env={**base, **driver, "HOME": str(tmp_path / "home")})
+        print(r.stdout[-3000:], r.stderr[-3000:], sep="\n----- stderr -----\n")
+        assert r.returncode == 2
+        assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [
+            f"error: Ray: the cluster at 127.0.0.1:{port} requires token authentication and this process has no "
+            f"token for it; set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token; nothing was started"]
+        assert "Traceback" not in r.stderr and not out.exists()
 
 
 @contextlib.contextmanager
@@ -410,7 +448,7 @@ def test_a_cli_run_on_more_workers_than_the_cluster_has_cpus_is_one_line_before_
     workers = (os.cpu_count() or 1) + 1
     out = tmp_path / "run"
     r = subprocess.run(_cli("--workers", str(workers), "--set", f"train.batch_size={4 * workers}", "--out", str(out)),
-                       capture_output=True, text=True, timeout=300, cwd=ROOT, env={**_env(), "RAY_ADDRESS": ""})
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env())
     print(r.stdout[-3000:], r.stderr[-3000:], sep="\n----- stderr -----\n")
     assert r.returncode == 2
     (line,) = [line for line in r.stderr.splitlines() if line.startswith("error:")]
@@ -469,7 +507,7 @@ def test_one_ctrl_c_stops_a_cli_run_on_ray_workers_and_no_ray_process_is_left(tm
     proc = subprocess.Popen(_cli("--workers", "2", "--steps", "100000", "--set", "train.batch_size=8",
                                  "--set", "train.report_every=20", "--out", str(out)),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**_env(), "RAY_ADDRESS": ""}, start_new_session=True)
+                            env=_env(), start_new_session=True)
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
     reader.start()
@@ -525,7 +563,7 @@ def test_a_cli_run_resumes_from_the_newest_intact_checkpoint_when_the_latest_is_
     out = tmp_path / "run"
     args = _cli("--workers", "2", "--steps", "4", "--set", "train.batch_size=8", "--set", "train.checkpoint_every=2",
                 "--set", "train.keep_checkpoints=2", "--out", str(out))
-    env = {**_env(), "RAY_ADDRESS": ""}
+    env = _env()
     first = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     run = next((out / "ray").iterdir())

@@ -453,10 +453,11 @@ def test_stale_local_cluster_address_starts_a_new_local_cluster(tmp_path, monkey
     import socket
 
     from par_ray.sweep import ray_address
+    from par_ray.train import cluster
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # Ray's temp root: the file is <RAY_TMPDIR>/ray/ray_current_cluster
-    monkeypatch.setattr(sweep.resources, "_running_head_temp_dirs", list)  # not the heads other jobs run here
+    monkeypatch.setattr(cluster, "_running_head_temp_dirs", list)  # not the heads other jobs run here
     assert ray_address() == "local"  # no file
     (tmp_path / "ray").mkdir()
     with socket.socket() as s:

@@ -4,32 +4,27 @@ A trial holds its Train workers (from the ``TorchTrainer`` that ``par_ray.train.
 driver that reserves memory, not CPU (:data:`DRIVER_RESOURCES`). ``max_concurrent_trials`` comes from the cluster's
 resources and the largest trial's need, so trials never wait on each other for workers. :func:`connect` joins
 ``RAY_ADDRESS``, a running local cluster (``ray start --head``, also with ``--temp-dir``), or starts a new local one,
-and says which; a stale ``ray_current_cluster`` file left by a head that died is reported and skipped, never retried
-forever.
+and says which (``par_ray.train.cluster.connect``, which the single-run CLI uses too).
 """
 
 from __future__ import annotations
 
 import os
-import re
-import socket
-import sys
 import typing
 from dataclasses import dataclass
 
 from par_ray import cost
 from par_ray.config import TrialConfig
 from par_ray.hardware import Table
+from par_ray.train import cluster
 from par_ray.train.cluster import (ACCELERATOR_PREFIX, autoscaler_limits_unknown, cluster_capacity,  # noqa: F401
-                                   format_resources, unfit)
+                                   disconnect, exception_chain, format_resources, ray_address, unfit)
 from par_ray.sweep.spec import (GPU_TYPES_KEY, GRID_DIMS, Plan, SweepConfigError, cells_of, count_trials, domain_ends,
                                 fixed_overrides, trial_label)
 
 DRIVER_RESOURCES = {"CPU": 0.0, "memory": 512 * 2**20}
 """What a trial's driver (a Tune actor that only waits on its TorchTrainer) reserves. Memory, not a CPU sliver: on a
 2-core machine a 0.01-CPU driver plus a 1-CPU worker would let only one trial run at a time."""
-GCS_PROBE_TIMEOUT_S = 2.0
-"""How long :func:`ray_address` waits for the head named in ``ray_current_cluster`` to accept a connection."""
 
 
 def trial_resources(cfg: TrialConfig, storage: str) -> dict[str, float]:
@@ -59,147 +54,15 @@ def max_concurrent_trials(needs: list[tuple[str, dict[str, float]]], cluster: ty
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Connecting to the cluster
-
-def ray_address() -> str:
-    """The address :func:`connect` gives ``ray.init``: ``RAY_ADDRESS`` if set; else the cluster named in Ray's
-    ``ray_current_cluster`` file (written by ``ray start --head``) if its head answers; else ``"local"`` (a new
-    local cluster).
-
-    A head that died leaves that file behind, and ``ray.init()`` would retry "Failed to connect to GCS" at its
-    address without end. So the address is probed first (a TCP connect, :data:`GCS_PROBE_TIMEOUT_S`); a dead one is
-    named on stderr with how to clear it, and a new local cluster is started instead.
-    """
-    if os.environ.get("RAY_ADDRESS"):
-        return os.environ["RAY_ADDRESS"]
-    from ray._common.utils import get_ray_address_file
-    from ray._private.utils import read_ray_address
-
-    default = read_ray_address()
-    found = [(get_ray_address_file(None), default)] if default else []
-    found += [(get_ray_address_file(d), a) for d in _running_head_temp_dirs()
-              if (a := read_ray_address(d)) and a != default]
-    for path, address in found:
-        if _answers(address):
-            return address
-        print(f"warning: {path} names a Ray cluster at {address} that does not answer (a head that stopped without "
-              f"`ray stop`); skipping it. To clear it: `ray stop` (or delete that file); to use a cluster, set "
-              f"RAY_ADDRESS", file=sys.stderr, flush=True)
-    return "local"
-
-
-def _answers(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=GCS_PROBE_TIMEOUT_S):
-            return True
-    except (OSError, ValueError):
-        return False
-
-
-def _running_head_temp_dirs() -> list[str]:
-    """The ``--temp-dir`` of every Ray node running on this host (from its raylet's command line, as
-    ``ray.init(address="auto")`` finds running clusters from their processes). A head started with ``ray start
-    --head --temp-dir X`` names itself in ``X/ray_current_cluster``; a private ``ray.init()`` instance (a test's, a
-    notebook's) writes no such file, so it is never joined."""
-    import psutil
-
-    dirs = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info.get("cmdline") or []
-        if not cmd or not os.path.basename(cmd[0]).startswith("raylet"):
-            continue
-        for arg in cmd[1:]:
-            for flag in ("--temp_dir=", "--temp-dir="):
-                if arg.startswith(flag) and arg[len(flag):] not in dirs:
-                    dirs.append(arg[len(flag):])
-    return dirs
-
+# Connecting to the cluster (``par_ray.train.cluster``, shared with the single-run CLI)
 
 def connect():
-    """``ray.init`` at :func:`ray_address`, unless Ray is initialised already (then ``None``; else the RayContext).
-
-    The console gets Ray's WARNING-and-above lines and what the trials' processes print (``log_to_driver``: the
-    training loop's progress lines, failures); Ray Train's INFO lines go to its log files only (the trial's
-    ``LoggingConfig``, ``par_ray.sweep.run``; ``quiet_worker_logging``): ``par_ray.train.trainer.worker_runtime_env``
-    is the job's ``runtime_env``. A Ctrl-C or SIGTERM while Ray starts is held until it has, and the processes it
-    starts ignore Ctrl-C, which reaches this driver only (``par_ray.train.trainer.signals_held``).
-    """
-    import ray
-
-    from par_ray.train.trainer import free_dashboard_port, signals_held, worker_runtime_env
-
-    if ray.is_initialized():
-        return None
-    address = ray_address()
-    runtime_env = worker_runtime_env(local=address == "local")
-    local = {}
-    if address == "local" and not os.environ.get("RAY_API_SERVER_ADDRESS"):
-        # As train.trainer.local_ray: Ray Train's PlacementGroupCleaner asks the State API about its controller; with
-        # no address set it auto-detects "the" Ray instance and, beside another one on this host, asks the wrong one
-        # (tracebacks, "Found multiple active Ray instances", a leaked placement group). Pin it to this cluster's
-        # dashboard, before Ray starts, so every Ray process inherits it.
-        port = free_dashboard_port()
-        os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
-        local = dict(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port)
-    _check_token(address)
+    """:func:`par_ray.train.cluster.connect` at :func:`ray_address`; a cluster that refuses this process's token is
+    bad input: :class:`SweepConfigError`."""
     try:
-        with signals_held("Ray has started", children_ignore_ctrl_c=True):
-            context = ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True,
-                               runtime_env=runtime_env, **local)
-    except (ray.exceptions.AuthenticationError, RuntimeError, ConnectionError) as e:
-        # Ray 2.60 wraps the AuthenticationError: "Failed to connect to GCS" (RuntimeError), raised again as
-        # "Failed to connect to Ray cluster" (ConnectionError) when joining an address
-        if not _auth_failure(e):
-            raise
-        raise _token_error(address) from None
-    if address == "local":
-        res = ray.cluster_resources() if ray.is_initialized() else {}
-        print(f"Ray: started a local cluster ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU)", flush=True)
-    else:
-        print(f"Ray: joined {address}", flush=True)
-    return context
-
-
-def _token_error(address: str) -> SweepConfigError:
-    return SweepConfigError(f"Ray: the cluster at {address} requires token authentication and this process has no "
-                            f"token for it; set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token")
-
-
-def _check_token(address: str) -> None:
-    """One connection attempt to the GCS at ``address`` (``host:port``) before ``ray.init``: a cluster that refuses this
-    process's token (or its lack of one) raises :class:`SweepConfigError` at once, where ``ray.init`` would retry for
-    ~20 s (``RAY_NUM_REDIS_GET_RETRIES``), logging a warning each second, then raise. Any other outcome (connected,
-    GCS not up yet) is left to ``ray.init``. Ray's ``GcsClient`` (``ray._raylet``, what ``ray.init`` itself uses)."""
-    if not re.fullmatch(r"[\w.\-]+:\d+", address):  # local, auto, ray://…: ray.init's own resolution
-        return
-    try:
-        from ray._raylet import GcsClient
-    except ImportError:  # another Ray: ray.init's own error stands
-        return
-    try:
-        GcsClient(address=address)
-    except Exception as e:  # noqa: BLE001 - only an authentication failure is ours to name
-        if _auth_failure(e):
-            raise _token_error(address) from None
-
-
-def exception_chain(error: BaseException | None) -> typing.Iterator[BaseException]:
-    """``error``, then the exceptions it was raised from or while handling (``__cause__``, else ``__context__``),
-    each once."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
-
-
-def _auth_failure(error: BaseException | None) -> bool:
-    """Whether ``error`` or an exception in its chain is Ray's token ``AuthenticationError`` (or names it)."""
-    import ray
-
-    return any(isinstance(e, ray.exceptions.AuthenticationError) or "AuthenticationError" in str(e)
-               for e in exception_chain(error))
+        return cluster.connect()
+    except cluster.ClusterTokenError as e:
+        raise SweepConfigError(str(e)) from None
 
 
 def cluster_has_gpu() -> bool:

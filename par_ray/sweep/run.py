@@ -33,8 +33,9 @@ import typing
 import warnings
 
 from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, check_budget, cluster_capacity,
-                                     cluster_has_gpu, connect, cost_summary, exception_chain, local_preset_guess,
-                                     max_concurrent_trials, print_plan, reservation, sweep_cost, trial_resources)
+                                     cluster_has_gpu, connect, cost_summary, disconnect, exception_chain,
+                                     local_preset_guess, max_concurrent_trials, print_plan, reservation, sweep_cost,
+                                     trial_resources)
 from par_ray.cost import trial_cost
 from par_ray.hardware import load_table
 from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
@@ -405,28 +406,15 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
         closed = _close_runs(tracker)
         cause = None if isinstance(e, KeyboardInterrupt) else stop_cause(e, storage)
         with contextlib.suppress(Exception):  # the error being reported stays the one raised
-            _disconnect(context)
+            disconnect(context)
         what = ("the MLflow tracking store" if isinstance(cause, tracking.TrackingStoreError) else "a full disk"
                 if cause is not None else type(e).__name__)
         print(f"\nsweep {spec.name} stopped by {what}; {closed}. {RESUME_HINT}", file=sys.stderr, flush=True)
         if cause is not None and cause is not e:
             raise cause from e
         raise
-    _disconnect(context)
+    disconnect(context)
     return finish_sweep(results, plan, tracker, None if remote else f"{storage}/analysis")
-
-
-def _disconnect(context) -> None:
-    """Shut down the Ray connection :func:`connect` made (``context``; ``None``: Ray was initialised before the sweep
-    and is left as it was), so that the trials' last forwarded log lines print before what the sweep prints next —
-    its summary, or the one line of the error that stopped it."""
-    if context is not None:
-        import ray
-
-        from par_ray.train.trainer import signals_held
-
-        with signals_held("Ray has stopped"):
-            ray.shutdown()
 
 
 def stop_cause(error: BaseException, storage: str) -> OSError | None:

@@ -1,16 +1,19 @@
 """Single-process trainer: ``python -m par_ray.train --backbone tiny-qwen2 --task swap_s5 --recipe par ...``.
 
-Runs the one training loop (``par_ray.train.loop``) in Ray Train's local mode (or on ``--workers`` Ray workers),
+Runs the one training loop (``par_ray.train.loop``) in Ray Train's local mode, or on Ray workers: with ``--workers``
+> 1 on a new local Ray instance, and always on a Ray cluster it finds (``RAY_ADDRESS``, as ``ray job submit`` sets it,
+or a head started with ``ray start --head`` on this machine: ``par_ray.train.cluster.ray_address``). It
 prints progress and, at the end, the accuracy-by-depth table and G, and writes ``OUT/result.json`` (accuracy, G, the
 training and evaluation seconds, and the last report's step time, tokens/s and peak memory). Any other knob:
 ``--set section.field=value``. The final model is ``OUT/final``: its weights only, ``model.safetensors`` (float32)
 + ``extra.json`` (step and config), whatever the strategy; load it with ``par_ray.train.checkpoint.load_trained``,
 or read it with ``safetensors.safe_open``. Optimizer state lives only in the resumable checkpoints under ``OUT/ray``.
 
-``OUT/config.json`` records the config of the run in ``OUT``. A run on Ray workers (``--workers`` > 1) keeps resumable
-checkpoints under ``OUT/ray``: rerunning with the same ``--out`` and the same config (workers and threads may
-change) continues it from its latest intact checkpoint. One worker runs in Ray Train's local mode, which keeps none:
-rerunning it starts afresh. Any other config is refused, naming the fields that differ, before anything is written.
+``OUT/config.json`` records the config of the run in ``OUT``. A run on Ray workers keeps resumable checkpoints under
+``OUT/ray`` (on a cluster of several nodes ``OUT`` must be a folder every node sees): rerunning with the same
+``--out`` and the same config (workers and threads may change) continues it from its latest intact checkpoint. Local
+mode keeps none: rerunning it starts afresh. Any other config is refused, naming the fields that differ, before
+anything is written.
 """
 
 from __future__ import annotations
@@ -98,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="where a pretrained parent's hub id is looked for before the hub cache ($HF_HOME): "
                               "DIR/<hub id> or a hub cache (par_ray/weights.py)")
     scale = p.add_argument_group("workers and output")
-    scale.add_argument("--workers", type=int, default=1, help=">1 starts Ray workers (DDP etc.); 1 = this process")
+    scale.add_argument("--workers", type=int, default=1,
+                       help=">1 starts Ray workers (DDP etc.); 1 = this process, or one Ray worker on a cluster "
+                            "(RAY_ADDRESS)")
     scale.add_argument("--strategy", default=None, metavar=one_of(STRATEGIES),
                        help="data-parallel wrapping with --workers > 1 (default ddp)")
     scale.add_argument("--out", default="runs/train", help="output directory (result.json, checkpoints, final/)")
@@ -281,19 +286,25 @@ def _train(argv) -> int:
     import ray.exceptions  # noqa: PLC0415 - heavy imports after validation
     import ray.train  # noqa: PLC0415
 
-    from par_ray.train.cluster import check_fits
+    from par_ray.train.cluster import ClusterTokenError, check_fits, joined, ray_address
     from par_ray.train.trainer import build_trainer, local_ray, repair_run_storage, run_name, sigterm_handler
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # local mode logs every report at INFO
 
     t0 = time.time()
     storage, name = os.path.join(out, "ray"), run_name(cfg)
-    # One worker runs in this process (Ray Train's local mode), which keeps no checkpoints; a run that left Ray
-    # checkpoints in OUT (started on more workers) continues on one Ray worker instead, from its latest checkpoint.
+    # A cluster to join, as the sweeps find one: RAY_ADDRESS (also what `ray job submit` sets), else a head started
+    # on this machine (`ray start --head`); "local" when there is none.
+    cluster = "local" if ray.is_initialized() else ray_address()
+    # One worker runs in this process (Ray Train's local mode), which keeps no checkpoints, unless there is a cluster
+    # (its worker then runs where the cluster has room, a GPU node for a GPU run, not on the head that runs this
+    # process); a run that left Ray checkpoints in OUT (started on more workers) continues on one Ray worker instead,
+    # from its latest checkpoint.
     for note in repair_run_storage(storage, name):
         print(f"resume: {note}", flush=True)
-    local = cfg.train.num_workers == 1 and not _has_ray_checkpoints(storage, name)
-    if cfg.train.num_workers == 1 and not local:
+    resumed = _has_ray_checkpoints(storage, name)
+    local = cfg.train.num_workers == 1 and cluster == "local" and not resumed
+    if cfg.train.num_workers == 1 and resumed:
         print(f"resuming the run in {out} from its latest checkpoint on 1 Ray worker", flush=True)
     # The export is written beside final/ and swapped in when training ends: a run on fewer workers never leaves
     # another run's shard in final/, and a failed run leaves the previous export whole.
@@ -302,7 +313,9 @@ def _train(argv) -> int:
     # INFO lines (every report and checkpoint) stay in its log files (LoggingConfig), as in a sweep.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     ray_instance = contextlib.nullcontext()
-    if not (local or ray.is_initialized() or os.environ.get("RAY_ADDRESS")):
+    if cluster != "local":
+        ray_instance = joined(cluster)  # prints "Ray: joined ADDRESS"
+    elif not (local or ray.is_initialized()):
         print(f"Ray: starting a local instance for {cfg.train.num_workers} workers", flush=True)
         ray_instance = local_ray(num_cpus=None, logging_level="WARNING")
     try:
@@ -322,6 +335,9 @@ def _train(argv) -> int:
                 json.dump(to_flat(cfg), f, indent=2)
             shutil.rmtree(partial, ignore_errors=True)
             result = trainer.fit()
+    except ClusterTokenError as e:
+        print(f"error: {e}; nothing was started", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         then = ("this process keeps no checkpoint (one worker, Ray Train's local mode): rerunning starts afresh"
                 if local else f"rerun the same command to continue from the latest checkpoint in {out}"
