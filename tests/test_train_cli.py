@@ -105,6 +105,41 @@ def test_rerun_in_same_out_with_other_config_is_refused_naming_fields(tmp_path, 
     assert main(BASE + ["--steps", "2", "--out", str(out)]) == 0
 
 
+def test_a_relative_out_inside_a_ray_job_is_warned_about(tmp_path, capsys, monkeypatch):
+    """``ray job submit`` runs the command in a temporary copy of its working directory, which Ray deletes later: a
+    relative ``--out`` (the default ``runs/train`` too) is named in one warning line; the sweeps' ``--storage``
+    likewise (the same ``job_scratch_warning``)."""
+    from par_ray.train.cluster import job_scratch_warning
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # what Ray sets in a job's driver
+    assert main(BASE + ["--steps", "2", "--out", "run"]) == 0
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: --out")]
+    assert line == (f"warning: --out run is inside this Ray job's temporary working directory ({tmp_path / 'run'}); "
+                    f"pass an absolute path (or a bucket URI) to keep the results")
+    assert (tmp_path / "run" / "result.json").is_file()  # a warning, not a refusal
+    assert job_scratch_warning("--storage", "runs/x") is not None
+    for raw in (str(tmp_path / "run"), "~/runs/x", "s3://bucket/runs"):
+        assert job_scratch_warning("--storage", raw) is None
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    assert job_scratch_warning("--out", "run") is None  # outside a job the working directory is the user's
+
+
+def test_a_final_model_written_on_another_node_is_named_in_a_warning(tmp_path, capsys, monkeypatch):
+    """On a cluster of several nodes rank 0 writes the export on its own node; an ``--out`` the driver's node does not
+    share then has no ``final/``: one warning says so and what to do (here rank 0's folder is moved aside)."""
+    from par_ray.train import trainer
+
+    build, elsewhere = trainer.build_trainer, tmp_path / "another-node"
+    monkeypatch.setattr(trainer, "build_trainer",
+                        lambda *a, export_dir=None, **kw: build(*a, export_dir=str(elsewhere), **kw))
+    out = tmp_path / "run"
+    assert main(BASE + ["--steps", "2", "--out", str(out)]) == 0
+    assert (elsewhere / "model.safetensors").is_file() and not (out / "final").exists()
+    assert (f"warning: the final model was not written to {out / 'final'}: its worker ran on another node"
+            in capsys.readouterr().err)
+
+
 def test_diverging_run_fails_naming_step_and_loss(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(BASE + ["--steps", "6", "--set", "train.lr=1e30", "--set", "train.grad_clip=0", "--out",

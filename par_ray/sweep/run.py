@@ -40,6 +40,7 @@ from par_ray.cost import trial_cost
 from par_ray.hardware import load_table
 from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
                                 build_plan, cells_of, count_trials, missing_weights, resolve, trial_label)
+from par_ray.train.cluster import job_scratch_warning
 from par_ray.tracking_schema import TAG_PRESET, TAG_SMOKE_TEST, cost_param, depth_metric, experiment_name
 
 STATUS_EVERY_S = 300
@@ -303,9 +304,8 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     raw = opts.storage or DEFAULT_STORAGE.format(name=spec.name)
     remote = "://" in raw
     storage = raw.rstrip("/") if remote else os.path.abspath(os.path.expanduser(raw))
-    if not remote and not os.path.isabs(os.path.expanduser(raw)) and "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ:
-        print(f"warning: --storage {raw} is inside this Ray job's temporary working directory ({storage}); pass an "
-              f"absolute path or a bucket URI to keep the results", file=sys.stderr)
+    if (warning := job_scratch_warning("--storage", raw)) is not None:
+        print(warning, file=sys.stderr)
     experiment_path, train_storage = f"{storage}/tune/{spec.name}", f"{storage}/train/{spec.name}"
     preset = opts.preset
     if preset not in PRESET_CHOICES:

@@ -33,6 +33,7 @@ from par_ray.evaluation import extrapolation_from_metrics, format_G, format_inte
 from par_ray.model.registry import BACKBONES
 from par_ray.recipes import apply_recipe
 from par_ray.train.checkpoint import trained_task
+from par_ray.train.cluster import ClusterTokenError, check_fits, job_scratch_warning, joined, ray_address
 from par_ray.tracking_schema import depth_metric, g_metric
 from par_ray.trial import validate
 from par_ray.weights import resolve_pretrained
@@ -278,6 +279,8 @@ def _train(argv) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if (warning := job_scratch_warning("--out", args.out)) is not None:
+        print(warning, file=sys.stderr, flush=True)
     spec = BACKBONES[cfg.backbone.name]
     if spec.hub_name is not None and not cfg.backbone.pretrained:
         print(f"note: --backbone {cfg.backbone.name} without --pretrained: its weights are random (the {spec.hub_name} "
@@ -286,7 +289,6 @@ def _train(argv) -> int:
     import ray.exceptions  # noqa: PLC0415 - heavy imports after validation
     import ray.train  # noqa: PLC0415
 
-    from par_ray.train.cluster import ClusterTokenError, check_fits, joined, ray_address
     from par_ray.train.trainer import build_trainer, local_ray, repair_run_storage, run_name, sigterm_handler
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # local mode logs every report at INFO
@@ -351,6 +353,9 @@ def _train(argv) -> int:
     if os.path.isdir(partial):
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
+    else:  # rank 0 wrote it on its own node's disk
+        print(f"warning: the final model was not written to {final}: its worker ran on another node, which does not "
+              f"see {out}; on a cluster of several nodes give --out a folder every node sees", file=sys.stderr)
     m = result.metrics
     acc = {d: m[depth_metric("acc", d)] for d in cfg.eval.depths}
     ex = extrapolation_from_metrics(m)

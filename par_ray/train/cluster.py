@@ -133,6 +133,16 @@ def ray_address() -> str:
     return "local"
 
 
+def job_scratch_warning(flag: str, raw: str) -> str | None:
+    """The warning line for ``flag`` given a relative local path ``raw`` inside a Ray job (``ray job submit``, which
+    sets ``RAY_JOB_CONFIG_JSON_ENV_VAR``): the job runs in a temporary copy of its working directory, which Ray
+    deletes later, so what is written there is lost; ``None`` for an absolute path, a URI, or outside a job."""
+    if "://" in raw or os.path.isabs(os.path.expanduser(raw)) or "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ:
+        return None
+    return (f"warning: {flag} {raw} is inside this Ray job's temporary working directory ({os.path.abspath(raw)}); "
+            f"pass an absolute path (or a bucket URI) to keep the results")
+
+
 def _answers(address: str) -> bool:
     host, _, port = address.rpartition(":")
     try:
