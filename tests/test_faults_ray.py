@@ -280,8 +280,8 @@ def test_a_cluster_wanting_a_token_the_laptop_lacks_is_one_line(tmp_path):
 
 
 def test_the_cli_joins_a_running_cluster_and_trains_even_one_worker_on_it(tmp_path):
-    """``ray job submit -- python -m par_ray.train …`` runs the CLI with ``RAY_ADDRESS`` naming the cluster: it joins it
-    (the capacity check needs ``ray.init``: it used to fail "Ray has not been started yet" for ``--workers 2``) and
+    """``ray job submit -- python -m par_ray.train …`` runs the CLI with ``RAY_ADDRESS`` naming the cluster: it joins
+    it (the capacity check needs ``ray.init``: it used to fail "Ray has not been started yet" for ``--workers 2``) and
     runs even one worker as a Ray worker there, where the cluster has room and with checkpoints, not in Ray Train's
     local mode in this process (on a cluster, the head). Without the cluster's token: one line, exit 2."""
     from par_ray.train.trainer import SNAPSHOT_FILE

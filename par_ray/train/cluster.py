@@ -9,9 +9,9 @@ retried forever; a cluster that refuses this process's token is one error (:clas
 One capacity check for the sweeps (``par_ray.sweep.resources.max_concurrent_trials``: every trial) and the
 single-run CLI (``python -m par_ray.train``: its one run, :func:`check_fits`), made after Ray is connected and before
 anything is written or started: a run whose workers can never be placed would otherwise wait for them forever (Ray
-Train's worker-group timeout, logged every minute). The capacity counts what the cluster's autoscaler may add (:func:`cluster_capacity`); when an
-autoscaler adds nodes without publishing its limits (:func:`autoscaler_limits_unknown`) nothing can be said, and
-both callers skip the check.
+Train's worker-group timeout, logged every minute). The capacity counts what the cluster's autoscaler may add
+(:func:`cluster_capacity`); when an autoscaler adds nodes without publishing its limits
+(:func:`autoscaler_limits_unknown`) nothing can be said, and both callers skip the check.
 """
 
 from __future__ import annotations
