@@ -179,6 +179,14 @@ def test_run_sweep_refuses_bad_input_before_starting_ray(tmp_path, monkeypatch):
     (tmp_path / "runs" / "y" / "tune" / "y").mkdir(parents=True)
     with pytest.raises(SweepConfigError, match=f"already exists at {tmp_path}/runs/y/tune/y"):
         sweep.run_sweep(SweepSpec(name="y"), Options(preset="local"))
+    # inside a Ray job (ray job submit) the working directory is a temporary copy Ray deletes or reuses
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    for storage in (None, "runs/z"):  # the default runs/<sweep name>, or any relative path
+        with pytest.raises(SweepConfigError, match=r"--storage: 'runs/z' is a relative path, and this Ray job runs in "
+                                                   r"a temporary copy .* give an absolute path every node sees or a "
+                                                   r"bucket URI"):
+            sweep.run_sweep(SweepSpec(name="z"), Options(preset="local", storage=storage))
+    assert not (tmp_path / "runs" / "z").exists()
     assert not ray.is_initialized()
 
 

@@ -105,24 +105,28 @@ def test_rerun_in_same_out_with_other_config_is_refused_naming_fields(tmp_path, 
     assert main(BASE + ["--steps", "2", "--out", str(out)]) == 0
 
 
-def test_a_relative_out_inside_a_ray_job_is_warned_about(tmp_path, capsys, monkeypatch):
-    """``ray job submit`` runs the command in a temporary copy of its working directory, which Ray deletes later: a
-    relative ``--out`` (the default ``runs/train`` too) is named in one warning line; the sweeps' ``--storage``
-    likewise (the same ``job_scratch_warning``)."""
-    from par_ray.train.cluster import job_scratch_warning
+def test_a_relative_out_inside_a_ray_job_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    """``ray job submit`` runs the command in a temporary copy of its working directory, which Ray deletes later or
+    hands to the next job of the same code (a resubmitted run then resumed the old one, seen): a relative ``--out``
+    (the default ``runs/train`` too) is one error line naming the flag; the sweeps' ``--storage`` likewise
+    (``check_outlives_job``, also ``tests/test_sweep.py``)."""
+    from par_ray.train.cluster import check_outlives_job
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # what Ray sets in a job's driver
-    assert main(BASE + ["--steps", "2", "--out", "run"]) == 0
-    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: --out")]
-    assert line == (f"warning: --out run is inside this Ray job's temporary working directory ({tmp_path / 'run'}); "
-                    f"pass an absolute path (or a bucket URI) to keep the results")
-    assert (tmp_path / "run" / "result.json").is_file()  # a warning, not a refusal
-    assert job_scratch_warning("--storage", "runs/x") is not None
+    for out in (["--out", "run"], []):
+        assert main(BASE + ["--steps", "2", *out]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        raw = out[1] if out else "runs/train"
+        assert line == (f"error: --out: {raw!r} is a relative path, and this Ray job runs in a temporary copy of its "
+                        f"working directory ({tmp_path / raw}), which Ray deletes, or reuses for the next job of the "
+                        f"same code; give an absolute path every node sees")
+    assert not any(tmp_path.iterdir())
+    assert main(BASE + ["--steps", "2", "--out", str(tmp_path / "run")]) == 0  # an absolute one is taken
     for raw in (str(tmp_path / "run"), "~/runs/x", "s3://bucket/runs"):
-        assert job_scratch_warning("--storage", raw) is None
+        check_outlives_job("--storage", raw, buckets=True)
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
-    assert job_scratch_warning("--out", "run") is None  # outside a job the working directory is the user's
+    check_outlives_job("--out", "run")  # outside a job the working directory is the user's
 
 
 def test_a_final_model_written_on_another_node_is_named_in_a_warning(tmp_path, capsys, monkeypatch):

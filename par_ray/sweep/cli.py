@@ -93,7 +93,7 @@ def build_parser(spec: SweepSpec) -> argparse.ArgumentParser:
     where = p.add_argument_group("where the results go")
     where.add_argument("--storage", default=None,
                        help=f"directory or bucket URI for Tune/Train results, the default MLflow store and the "
-                            f"analysis (default {DEFAULT_STORAGE.format(name=spec.name)})")
+                            f"analysis (default {DEFAULT_STORAGE.format(name=spec.name)}; absolute inside a Ray job)")
     where.add_argument("--mlflow-uri", default=None,
                        help="tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<storage>/mlflow.db)")
     where.add_argument("--resume", action="store_true", help="continue the sweep stored under --storage")

@@ -40,7 +40,7 @@ from par_ray.cost import trial_cost
 from par_ray.hardware import load_table
 from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
                                 build_plan, cells_of, count_trials, missing_weights, resolve, trial_label)
-from par_ray.train.cluster import job_scratch_warning
+from par_ray.train.cluster import check_outlives_job
 from par_ray.tracking_schema import TAG_PRESET, TAG_SMOKE_TEST, cost_param, depth_metric, experiment_name
 
 STATUS_EVERY_S = 300
@@ -304,8 +304,11 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     raw = opts.storage or DEFAULT_STORAGE.format(name=spec.name)
     remote = "://" in raw
     storage = raw.rstrip("/") if remote else os.path.abspath(os.path.expanduser(raw))
-    if (warning := job_scratch_warning("--storage", raw)) is not None:
-        print(warning, file=sys.stderr)
+    if not opts.dry_run:  # a dry run writes nothing
+        try:
+            check_outlives_job("--storage", raw, buckets=True)
+        except ValueError as e:
+            raise SweepConfigError(str(e)) from None
     experiment_path, train_storage = f"{storage}/tune/{spec.name}", f"{storage}/train/{spec.name}"
     preset = opts.preset
     if preset not in PRESET_CHOICES:

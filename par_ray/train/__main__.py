@@ -33,7 +33,7 @@ from par_ray.evaluation import extrapolation_from_metrics, format_G, format_inte
 from par_ray.model.registry import BACKBONES
 from par_ray.recipes import apply_recipe
 from par_ray.train.checkpoint import trained_task
-from par_ray.train.cluster import ClusterTokenError, check_fits, job_scratch_warning, joined, ray_address
+from par_ray.train.cluster import ClusterTokenError, check_fits, check_outlives_job, joined, ray_address
 from par_ray.tracking_schema import depth_metric, g_metric
 from par_ray.trial import validate
 from par_ray.weights import resolve_pretrained
@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "(RAY_ADDRESS)")
     scale.add_argument("--strategy", default=None, metavar=one_of(STRATEGIES),
                        help="data-parallel wrapping with --workers > 1 (default ddp)")
-    scale.add_argument("--out", default="runs/train", help="output directory (result.json, checkpoints, final/)")
+    scale.add_argument("--out", default="runs/train",
+                       help="output directory (result.json, checkpoints, final/); absolute inside a Ray job")
     return p
 
 
@@ -275,12 +276,11 @@ def _train(argv) -> int:
     try:
         cfg = config_from_args(args)
         out = os.path.abspath(args.out)
+        check_outlives_job("--out", args.out)
         check_out_dir(out, to_flat(cfg))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if (warning := job_scratch_warning("--out", args.out)) is not None:
-        print(warning, file=sys.stderr, flush=True)
     spec = BACKBONES[cfg.backbone.name]
     if spec.hub_name is not None and not cfg.backbone.pretrained:
         print(f"note: --backbone {cfg.backbone.name} without --pretrained: its weights are random (the {spec.hub_name} "

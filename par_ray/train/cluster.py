@@ -133,14 +133,18 @@ def ray_address() -> str:
     return "local"
 
 
-def job_scratch_warning(flag: str, raw: str) -> str | None:
-    """The warning line for ``flag`` given a relative local path ``raw`` inside a Ray job (``ray job submit``, which
-    sets ``RAY_JOB_CONFIG_JSON_ENV_VAR``): the job runs in a temporary copy of its working directory, which Ray
-    deletes later, so what is written there is lost; ``None`` for an absolute path, a URI, or outside a job."""
+def check_outlives_job(flag: str, raw: str, buckets: bool = False) -> None:
+    """Raise ``ValueError`` naming ``flag`` when ``raw``, the folder a run writes its results to, is a relative local
+    path inside a Ray job (``ray job submit``, which sets ``RAY_JOB_CONFIG_JSON_ENV_VAR`` in the job's driver): the job
+    runs in a temporary copy of its working directory, which Ray deletes later or hands, results and all, to the next
+    job of the same code (a rerun would then resume the old run). Nothing for an absolute path, a URI, or outside a
+    job. ``buckets``: the flag also takes a bucket URI (the sweeps' ``--storage``)."""
     if "://" in raw or os.path.isabs(os.path.expanduser(raw)) or "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ:
-        return None
-    return (f"warning: {flag} {raw} is inside this Ray job's temporary working directory ({os.path.abspath(raw)}); "
-            f"pass an absolute path (or a bucket URI) to keep the results")
+        return
+    or_bucket = " or a bucket URI (s3://…, gs://…)" if buckets else ""
+    raise ValueError(f"{flag}: {raw!r} is a relative path, and this Ray job runs in a temporary copy of its working "
+                     f"directory ({os.path.abspath(raw)}), which Ray deletes, or reuses for the next job of the same "
+                     f"code; give an absolute path every node sees{or_bucket}")
 
 
 def _answers(address: str) -> bool:
