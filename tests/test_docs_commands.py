@@ -54,6 +54,8 @@ class Command:
     where: str
     argv: tuple[str, ...]
     fenced: bool
+    job: bool = False
+    """Shown as the command of a ``ray job submit``."""
 
     def __str__(self) -> str:
         return f"{self.where}: {shlex.join(self.argv)}"
@@ -69,13 +71,13 @@ _STARTS = re.compile(r"^(?:(?:time|\w+=\S*)\s+)*(?:ray job submit\b.*\s--\s+)?"
                      r"|benchmarks/gpu_check\.sh\b)")
 
 
-def _unwrap(words: list[str]) -> list[str]:
-    """Drop ``time`` and ``VAR=value`` prefixes; ``ray job submit … -- CMD`` → CMD."""
+def _unwrap(words: list[str]) -> tuple[list[str], bool]:
+    """Drop ``time`` and ``VAR=value`` prefixes; ``ray job submit … -- CMD`` → CMD; and whether it was a job's."""
     while words and (words[0] == "time" or re.fullmatch(r"[A-Za-z_]\w*=.*", words[0])):
         words = words[1:]
     if words[:3] == ["ray", "job", "submit"] and "--" in words:
-        words = _unwrap(words[words.index("--") + 1:])
-    return words
+        return _unwrap(words[words.index("--") + 1:])[0], True
+    return words, False
 
 
 def _split(line: str) -> list[list[str]]:
@@ -121,9 +123,9 @@ def collect(path: Path) -> list[Command]:
                 line = line.rstrip()[:-1] + " " + lines[i].strip()
             i += 1
             for words in _split(line.strip()):
-                words = _unwrap(words)
+                words, job = _unwrap(words)
                 if words and _STARTS.match(shlex.join(words)):
-                    found += [Command(f"{name}:{first + start}", tuple(w), True) for w in _expand(words)]
+                    found += [Command(f"{name}:{first + start}", tuple(w), True, job) for w in _expand(words)]
     for m in _INLINE.finditer(text) if name != HISTORY else ():
         if any(a <= m.start() < b for a, b in fenced_spans):
             continue
@@ -132,8 +134,8 @@ def collect(path: Path) -> list[Command]:
             continue
         line = text.count("\n", 0, m.start()) + 1
         words = span.replace("…", " … ").split()  # an elided command need not be valid shell
-        words = _unwrap([w for w in words if w != "\\"])
-        found += [Command(f"{name}:{line}", tuple(w), False) for w in _expand(words)]
+        words, job = _unwrap([w for w in words if w != "\\"])
+        found += [Command(f"{name}:{line}", tuple(w), False, job) for w in _expand(words)]
     return found
 
 
@@ -250,6 +252,26 @@ def test_command_parses(command):
     check(command)
 
 
+def test_the_jobs_the_docs_submit_write_where_their_results_outlive_the_job(monkeypatch):
+    """Every ``ray job submit`` command the docs show gives a sweep's ``--storage`` or a single trial's ``--out`` as an
+    absolute path or a bucket: inside a job a relative one (the default too) is refused, since the job runs in a
+    temporary copy of its working directory (``par_ray.train.cluster.check_outlives_job``; ``$PWD`` expands on the
+    submitting machine)."""
+    from par_ray.train.cluster import check_outlives_job
+
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    checked = 0
+    for c in (c for c in COMMANDS if c.job and c.fenced):
+        key, args = _key(c.argv)
+        flag = "--out" if key == "par_ray.train" else "--storage" if key.startswith("sweeps/") else None
+        if flag is None or "--dry-run" in args:
+            continue
+        assert flag in args, f"{c}: a job needs {flag} (the default is relative)"
+        check_outlives_job(flag, args[args.index(flag) + 1].replace("$PWD", str(ROOT)), buckets=True)
+        checked += 1
+    assert checked >= 4  # the README's sweep, docs/gpu.md's sweeps and single trial
+
+
 MISSPELT_FLAGS = [
     ("python", "sweeps/backbone_scaling.py", "--smoke-tests"),
     ("python", "-m", "par_ray.planner", "--backbone", "qwen2.5-7b", "--strategy", "fsdp", "--world", "8"),
@@ -292,10 +314,10 @@ def test_collecting_unwraps_shell():
         got = collect(path)
     finally:
         path.unlink()
-    assert [c.argv for c in got if c.fenced] == [
-        ("python", "-m", "pytest", "-q", "tests/test_docs_commands.py"),
-        ("python", "sweeps/backbone_scaling.py", "--storage", "$PWD/runs/x"),
-        ("python", "-m", "par_ray.planner", "--table")]
+    assert [(c.argv, c.job) for c in got if c.fenced] == [
+        (("python", "-m", "pytest", "-q", "tests/test_docs_commands.py"), False),
+        (("python", "sweeps/backbone_scaling.py", "--storage", "$PWD/runs/x"), True),
+        (("python", "-m", "par_ray.planner", "--table"), False)]
     assert [c.argv for c in got if not c.fenced] == [("python", f"sweeps/{s}.py", "--dry-run", "…") for s in SWEEPS]
 
 
