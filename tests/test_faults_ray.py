@@ -242,8 +242,8 @@ def test_a_head_started_with_its_own_temp_dir_is_joined_and_named(tmp_path, monk
             monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # nothing in the default place
             address = resources.ray_address()
             assert address.endswith(f":{port}")
-            assert resources.connect() is not None
-            ray.shutdown()
+            with resources.joined() as context:
+                assert context is not None
             assert f"Ray: joined {address}" in capsys.readouterr().out
         finally:
             ray.shutdown()
@@ -266,7 +266,7 @@ def test_a_cluster_wanting_a_token_the_laptop_lacks_is_one_line(tmp_path):
         code = ("import sys\n"
                 "from par_ray.sweep import resources\n"
                 "from par_ray.sweep.spec import SweepConfigError\n"
-                "try:\n    resources.connect()\n"
+                "try:\n    with resources.joined():\n        pass\n"
                 "except SweepConfigError as e:\n    print(f'error: {e}'); sys.exit(2)\n")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=driver_env,
                            cwd=ROOT)

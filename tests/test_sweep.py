@@ -533,19 +533,55 @@ def test_console_is_quiet_by_ray_knobs(monkeypatch):
     monkeypatch.delenv("RAY_TRAIN_ENABLE_PRINT_PATCH", raising=False)
     monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's choice wins
     monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "")  # unset; restored when the test ends
-    resources.connect()
-    assert calls[-1]["address"] == "local" and calls[-1]["log_to_driver"]
-    # a new local cluster's State API is pinned to its own dashboard (Train's PlacementGroupCleaner asks it)
-    assert os.environ["RAY_API_SERVER_ADDRESS"] == f"http://127.0.0.1:{calls[-1]['dashboard_port']}"
-    assert calls[-1]["runtime_env"]["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
-                                                    "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"}
-    assert calls[-1]["runtime_env"]["worker_process_setup_hook"] is quiet_worker_logging
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
+    with resources.joined():
+        assert calls[-1]["address"] == "local" and calls[-1]["log_to_driver"]
+        # a new local cluster's State API is pinned to its own dashboard (Train's PlacementGroupCleaner asks it)
+        assert os.environ["RAY_API_SERVER_ADDRESS"] == f"http://127.0.0.1:{calls[-1]['dashboard_port']}"
+    assert calls[-1] == "shutdown" and os.environ["RAY_API_SERVER_ADDRESS"] == ""  # as it was before
+    init = calls[-2]
+    assert init["runtime_env"]["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+                                               "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"}
+    assert init["runtime_env"]["worker_process_setup_hook"] is quiet_worker_logging
     monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")
-    resources.connect()
-    assert calls[-1]["runtime_env"]["env_vars"]["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+    with resources.joined():
+        assert calls[-1]["runtime_env"]["env_vars"]["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # a real cluster may be preempted: keep Train's watcher
-    resources.connect()
-    assert calls[-1]["runtime_env"]["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    with resources.joined():
+        assert calls[-1]["address"] == "10.0.0.1:6379"
+        assert calls[-1]["runtime_env"]["env_vars"] == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    assert calls[-1] == "shutdown"
+
+
+def test_every_new_local_cluster_is_new_and_leaves_the_environment_as_it_found_it(tmp_path, monkeypatch):
+    """``local_ray`` (the CLI's local cluster, a sweep's through ``joined``) starts a new instance even where
+    ``ray.init()`` would join another: a ``ray_current_cluster`` file naming a head that died (``ray_address`` has
+    reported it and chosen "local"; ``ray.init()`` would retry it for ever). Leaving, it restores
+    ``RAY_API_SERVER_ADDRESS``: a second cluster in the same process (a notebook's second sweep) pins its own
+    dashboard, not the first one's dead port."""
+    import ray
+
+    from par_ray.sweep import resources
+    from par_ray.train import cluster
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(cluster, "_running_head_temp_dirs", list)  # not the heads other jobs run here
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")  # nothing listens on port 9 (discard)
+    assert resources.ray_address() == "local"
+    for _ in range(2):
+        with resources.joined():
+            assert calls[-1]["address"] == "local"
+            assert os.environ["RAY_API_SERVER_ADDRESS"] == f"http://127.0.0.1:{calls[-1]['dashboard_port']}"
+        assert "RAY_API_SERVER_ADDRESS" not in os.environ
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ A sweep is declared as a :class:`SweepSpec` and run by :func:`main` (common CLI 
 """
 
 from par_ray.sweep.cli import main, parse_args
-from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, cluster_capacity, connect,
+from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, cluster_capacity, joined,
                                      max_concurrent_trials, print_plan, ray_address, trial_resources)
 from par_ray.sweep.run import print_summary, run_sweep, sweep_status, trial_outcome
 from par_ray.sweep.spec import (CELL_KEY, DEFAULT_STORAGE, GPU_TYPES_KEY, GRID_DIMS, METRIC_ALIASES, MODEL_DIR_KEY,
@@ -25,8 +25,8 @@ __all__ = [
     "CELL_KEY", "DEFAULT_STORAGE", "DRIVER_RESOURCES", "GPU_TYPES_KEY", "GRID_DIMS", "METRIC_ALIASES", "MODEL_DIR_KEY",
     "PRESET_CHOICES", "missing_weights",
     "TRAIN_MAX_FAILURES", "TUNE_MAX_FAILURES", "Options", "Plan", "Recipe", "Search", "SweepConfigError", "SweepSpec",
-    "autoscaler_limits_unknown", "build_plan", "cell_errors", "cells_of", "cluster_capacity", "connect",
-    "count_trials", "default_seeds", "fixed_overrides", "main", "max_concurrent_trials", "parse_args", "print_plan",
+    "autoscaler_limits_unknown", "build_plan", "cell_errors", "cells_of", "cluster_capacity", "count_trials",
+    "default_seeds", "fixed_overrides", "joined", "main", "max_concurrent_trials", "parse_args", "print_plan",
     "print_summary", "ray_address", "resolve", "run_sweep", "sweep_status", "trial_label", "trial_outcome",
     "trial_resources",
 ]

@@ -2,13 +2,14 @@
 
 A trial holds its Train workers (from the ``TorchTrainer`` that ``par_ray.train.trainer.build_trainer`` makes) plus a
 driver that reserves memory, not CPU (:data:`DRIVER_RESOURCES`). ``max_concurrent_trials`` comes from the cluster's
-resources and the largest trial's need, so trials never wait on each other for workers. :func:`connect` joins
+resources and the largest trial's need, so trials never wait on each other for workers. :func:`joined` joins
 ``RAY_ADDRESS``, a running local cluster (``ray start --head``, also with ``--temp-dir``), or starts a new local one,
-and says which (``par_ray.train.cluster.connect``, which the single-run CLI uses too).
+and says which (``par_ray.train.cluster.joined``, which the single-run CLI uses too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import typing
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from par_ray.config import TrialConfig
 from par_ray.hardware import Table
 from par_ray.train import cluster
 from par_ray.train.cluster import (ACCELERATOR_PREFIX, autoscaler_limits_unknown, cluster_capacity,  # noqa: F401
-                                   disconnect, exception_chain, format_resources, ray_address, unfit)
+                                   exception_chain, format_resources, ray_address, unfit)
 from par_ray.sweep.spec import (GPU_TYPES_KEY, GRID_DIMS, Plan, SweepConfigError, cells_of, count_trials, domain_ends,
                                 fixed_overrides, trial_label)
 
@@ -56,11 +57,13 @@ def max_concurrent_trials(needs: list[tuple[str, dict[str, float]]], cluster: ty
 # --------------------------------------------------------------------------------------------------------------------
 # Connecting to the cluster (``par_ray.train.cluster``, shared with the single-run CLI)
 
-def connect():
-    """:func:`par_ray.train.cluster.connect` at :func:`ray_address`; a cluster that refuses this process's token is
-    bad input: :class:`SweepConfigError`."""
+@contextlib.contextmanager
+def joined():
+    """:func:`par_ray.train.cluster.joined` at :func:`ray_address` for the block; a cluster that refuses this process's
+    token is bad input: :class:`SweepConfigError`."""
     try:
-        return cluster.connect()
+        with cluster.joined() as context:
+            yield context
     except cluster.ClusterTokenError as e:
         raise SweepConfigError(str(e)) from None
 
@@ -74,8 +77,8 @@ def cluster_has_gpu() -> bool:
 def local_preset_guess() -> str:
     """``auto`` for a dry run, without starting Ray: what a new local cluster would choose (or RAY_ADDRESS's)."""
     if os.environ.get("RAY_ADDRESS", "local") != "local":  # an existing cluster: ask it (connecting claims nothing)
-        connect()
-        return "paper" if cluster_has_gpu() else "local"
+        with joined():
+            return "paper" if cluster_has_gpu() else "local"
     try:
         import torch
 

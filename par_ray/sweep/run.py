@@ -15,7 +15,7 @@ the sweep as a full storage disk does: one ``error:`` line, the runs closed wher
 Console output: Tune's status table (its ``CLIReporter``: the varying parameters, step, loss, G and the interpolated
 G with their 95 % intervals, and the search metric, every :data:`STATUS_EVERY_S`), the training loop's progress line at each report (rank 0), and worker
 failures (:func:`_failure_lines`). The rest goes to log files in the Ray session directory: Ray Train's INFO lines
-(every report and checkpoint, worker-group starts) to ``logs/train/`` (``LoggingConfig``, ``resources.connect``),
+(every report and checkpoint, worker-group starts) to ``logs/train/`` (``LoggingConfig``, ``resources.joined``),
 each trial driver's own output to its Tune working dir, ``artifacts/<run>/<sweep>/working_dirs/trial_<id>/stdout``
 and ``stderr`` (``RunConfig(log_to_file=True)``).
 """
@@ -33,9 +33,8 @@ import typing
 import warnings
 
 from par_ray.sweep.resources import (DRIVER_RESOURCES, autoscaler_limits_unknown, check_budget, cluster_capacity,
-                                     cluster_has_gpu, connect, cost_summary, disconnect, exception_chain,
-                                     local_preset_guess, max_concurrent_trials, print_plan, reservation, sweep_cost,
-                                     trial_resources)
+                                     cluster_has_gpu, cost_summary, exception_chain, joined, local_preset_guess,
+                                     max_concurrent_trials, print_plan, reservation, sweep_cost, trial_resources)
 from par_ray.cost import trial_cost
 from par_ray.hardware import load_table
 from par_ray.sweep.spec import (DEFAULT_STORAGE, PRESET_CHOICES, Options, Plan, Recipe, SweepConfigError, SweepSpec,
@@ -349,75 +348,77 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
 
     from ray import tune
 
-    context = connect()
-    if context is not None:
-        print(f"Ray: Train's logs (each report, checkpoint and worker-group event) in "
-              f"{context.address_info['session_dir']}/logs/train", flush=True)
-    if plan is None:
-        plan = build_plan(spec, opts, "paper" if cluster_has_gpu() else "local")
-        _require_weights(plan)
-    needs = [(trial_label(cfg), trial_resources(cfg, train_storage)) for _, cfg in plan.trials]
-    if autoscaler_limits_unknown():
-        # Every trial at once: the worker groups of trials that do not fit yet are the demand the autoscaler adds
-        # nodes for (a limit from the nodes running now would keep it from ever scaling up).
-        concurrency = count_trials(plan)
-        print(f"sweep {spec.name}: the cluster autoscales without publishing its limits; trials that do not fit the "
-              f"nodes running now wait for new ones (`ray status` shows the pending demand)", flush=True)
-    else:
-        concurrency = max_concurrent_trials(needs, cluster_capacity())
-    largest = max((n for _, n in needs), key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)))
-    print(f"sweep {spec.name}: preset {plan.preset}, {count_trials(plan)} trials, up to {concurrency} at once "
-          f"(largest trial: {reservation(largest)}); storage {storage}", flush=True)
-    print(f"sweep {spec.name}: {cost_summary(sweep_cost(plan, table, concurrency))}", flush=True)
+    # Ray is left before the last lines print (ray_session.close()), so the workers' forwarded output comes first
+    with contextlib.ExitStack() as ray_session:
+        context = ray_session.enter_context(joined())
+        if context is not None:
+            print(f"Ray: Train's logs (each report, checkpoint and worker-group event) in "
+                  f"{context.address_info['session_dir']}/logs/train", flush=True)
+        if plan is None:
+            plan = build_plan(spec, opts, "paper" if cluster_has_gpu() else "local")
+            _require_weights(plan)
+        needs = [(trial_label(cfg), trial_resources(cfg, train_storage)) for _, cfg in plan.trials]
+        if autoscaler_limits_unknown():
+            # Every trial at once: the worker groups of trials that do not fit yet are the demand the autoscaler adds
+            # nodes for (a limit from the nodes running now would keep it from ever scaling up).
+            concurrency = count_trials(plan)
+            print(f"sweep {spec.name}: the cluster autoscales without publishing its limits; trials that do not fit "
+                  f"the nodes running now wait for new ones (`ray status` shows the pending demand)", flush=True)
+        else:
+            concurrency = max_concurrent_trials(needs, cluster_capacity())
+        largest = max((n for _, n in needs), key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)))
+        print(f"sweep {spec.name}: preset {plan.preset}, {count_trials(plan)} trials, up to {concurrency} at once "
+              f"(largest trial: {reservation(largest)}); storage {storage}", flush=True)
+        print(f"sweep {spec.name}: {cost_summary(sweep_cost(plan, table, concurrency))}", flush=True)
 
-    tracker = tracking.SweepTracker.open(
-        spec.name, experiment_path, uri, params=_sweep_params(plan, opts),
-        tags={TAG_PRESET: plan.preset, TAG_SMOKE_TEST: str(opts.smoke_test).lower()})
-    print(f"MLflow: {uri} (experiment {tracking.experiment_name(spec.name)}, parent run {tracker.parent_run_id})",
-          flush=True)
+        tracker = tracking.SweepTracker.open(
+            spec.name, experiment_path, uri, params=_sweep_params(plan, opts),
+            tags={TAG_PRESET: plan.preset, TAG_SMOKE_TEST: str(opts.smoke_test).lower()})
+        print(f"MLflow: {uri} (experiment {tracking.experiment_name(spec.name)}, parent run {tracker.parent_run_id})",
+              flush=True)
 
-    trainable = tune.with_resources(
-        tune.with_parameters(_trial_driver, train_storage=train_storage, train_max_failures=spec.train_max_failures,
-                             extra_recipes=dict(spec.extra_recipes),
-                             checkpoint_score=checkpoint_score(plan)),
-        dict(DRIVER_RESOURCES))
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # see _reporter
-    # Tune logs each failed attempt of a trial with Ray's wrapped traceback (~40 lines); the sweep prints one line
-    # per failed worker (_failure_lines) and per failed trial (MLflowTrials.on_trial_error), which names the trial's
-    # error file for the traceback
-    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
-    if opts.resume:
-        tuner = tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True, resume_errored=True)
-    else:
-        tuner = tune.Tuner(
-            trainable,
-            param_space=plan.param_space,
-            tune_config=_tune_config(plan, concurrency),
-            run_config=tune.RunConfig(
-                name=spec.name, storage_path=f"{storage}/tune",
-                failure_config=tune.FailureConfig(max_failures=spec.tune_max_failures),
-                callbacks=[_make_callback(tracker, dict(spec.extra_recipes), train_storage, table)], verbose=1,
-                progress_reporter=_reporter(plan), log_to_file=True),
-        )
-    if opts.resume:
-        _clear_not_retryable_markers(train_storage)
-        _repair_trial_storage(train_storage)
-    try:
-        with _sigterm_as_ctrl_c(tracker), _quiet_optuna_replays():
-            results = tuner.fit()
-    except BaseException as e:
-        closed = _close_runs(tracker)
-        cause = None if isinstance(e, KeyboardInterrupt) else stop_cause(e, storage)
-        with contextlib.suppress(Exception):  # the error being reported stays the one raised
-            disconnect(context)
-        what = ("the MLflow tracking store" if isinstance(cause, tracking.TrackingStoreError) else "a full disk"
-                if cause is not None else type(e).__name__)
-        print(f"\nsweep {spec.name} stopped by {what}; {closed}. {RESUME_HINT}", file=sys.stderr, flush=True)
-        if cause is not None and cause is not e:
-            raise cause from e
-        raise
-    disconnect(context)
-    return finish_sweep(results, plan, tracker, None if remote else f"{storage}/analysis")
+        trainable = tune.with_resources(
+            tune.with_parameters(_trial_driver, train_storage=train_storage, train_max_failures=spec.train_max_failures,
+                                 extra_recipes=dict(spec.extra_recipes),
+                                 checkpoint_score=checkpoint_score(plan)),
+            dict(DRIVER_RESOURCES))
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # see _reporter
+        # Tune logs each failed attempt of a trial with Ray's wrapped traceback (~40 lines); the sweep prints one line
+        # per failed worker (_failure_lines) and per failed trial (MLflowTrials.on_trial_error), which names the trial's
+        # error file for the traceback
+        os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
+        if opts.resume:
+            tuner = tune.Tuner.restore(experiment_path, trainable, resume_unfinished=True, resume_errored=True)
+        else:
+            tuner = tune.Tuner(
+                trainable,
+                param_space=plan.param_space,
+                tune_config=_tune_config(plan, concurrency),
+                run_config=tune.RunConfig(
+                    name=spec.name, storage_path=f"{storage}/tune",
+                    failure_config=tune.FailureConfig(max_failures=spec.tune_max_failures),
+                    callbacks=[_make_callback(tracker, dict(spec.extra_recipes), train_storage, table)], verbose=1,
+                    progress_reporter=_reporter(plan), log_to_file=True),
+            )
+        if opts.resume:
+            _clear_not_retryable_markers(train_storage)
+            _repair_trial_storage(train_storage)
+        try:
+            with _sigterm_as_ctrl_c(tracker), _quiet_optuna_replays():
+                results = tuner.fit()
+        except BaseException as e:
+            closed = _close_runs(tracker)
+            cause = None if isinstance(e, KeyboardInterrupt) else stop_cause(e, storage)
+            with contextlib.suppress(Exception):  # the error being reported stays the one raised
+                ray_session.close()
+            what = ("the MLflow tracking store" if isinstance(cause, tracking.TrackingStoreError) else "a full disk"
+                    if cause is not None else type(e).__name__)
+            print(f"\nsweep {spec.name} stopped by {what}; {closed}. {RESUME_HINT}", file=sys.stderr, flush=True)
+            if cause is not None and cause is not e:
+                raise cause from e
+            raise
+        ray_session.close()
+        return finish_sweep(results, plan, tracker, None if remote else f"{storage}/analysis")
 
 
 def stop_cause(error: BaseException, storage: str) -> OSError | None:

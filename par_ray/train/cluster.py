@@ -1,6 +1,6 @@
 """Which Ray cluster to join and joining it; what the connected cluster holds, and whether a run's Train workers fit.
 
-:func:`connect` joins ``RAY_ADDRESS``, a running cluster on this machine (``ray start --head``, also with
+:func:`joined` joins ``RAY_ADDRESS``, a running cluster on this machine (``ray start --head``, also with
 ``--temp-dir``), or starts a new local one, and says which (:func:`ray_address`); the sweeps and the single-run CLI
 both join through it. A stale ``ray_current_cluster`` file left by a head that died is reported and skipped, never
 retried forever; a cluster that refuses this process's token is one error (:class:`ClusterTokenError`), not 20 s of
@@ -107,7 +107,7 @@ def check_fits(label: str, need: typing.Mapping[str, float]) -> None:
 # Connecting to the cluster: the sweeps (``par_ray.sweep.resources``) and the single-run CLI
 
 def ray_address() -> str:
-    """The address :func:`connect` gives ``ray.init``: ``RAY_ADDRESS`` if set; else the cluster named in Ray's
+    """The address :func:`joined` gives ``ray.init``: ``RAY_ADDRESS`` if set; else the cluster named in Ray's
     ``ray_current_cluster`` file (written by ``ray start --head``) if its head answers; else ``"local"`` (a new
     local cluster).
 
@@ -175,76 +175,56 @@ def _running_head_temp_dirs() -> list[str]:
     return dirs
 
 
-def connect(address: str | None = None):
-    """``ray.init`` at ``address`` (default :func:`ray_address`: ``"local"`` starts a new local cluster), unless Ray is
-    initialised already (then ``None``; else the RayContext); says which cluster on stdout. :func:`disconnect` ends it.
+@contextlib.contextmanager
+def joined(address: str | None = None):
+    """Ray for the block: the cluster at ``address`` (default :func:`ray_address`), joined with ``ray.init`` and left
+    with ``ray.shutdown``, or for ``"local"`` a new local cluster (``par_ray.train.trainer.local_ray``: its State API
+    pinned to its own dashboard, every variable it sets restored on exit), shut down after the block. Says which on
+    stdout (``Ray: joined ADDRESS``, ``Ray: started a local cluster (N CPU, M GPU)``). Yields the ``RayContext``, or
+    ``None`` when Ray is initialised already: then it is left as it was.
 
     The console gets Ray's WARNING-and-above lines and what the workers print (``log_to_driver``: the training loop's
     progress lines, failures); Ray Train's INFO lines go to its log files only (the trial's ``LoggingConfig``,
     ``par_ray.sweep.run``; ``quiet_worker_logging``): ``par_ray.train.trainer.worker_runtime_env`` is the job's
-    ``runtime_env``. A Ctrl-C or SIGTERM while Ray starts is held until it has, and the processes it starts ignore
-    Ctrl-C, which reaches this driver only (``par_ray.train.trainer.signals_held``).
+    ``runtime_env``. A Ctrl-C or SIGTERM while Ray starts or stops is held until it has, and the processes a local
+    cluster starts ignore Ctrl-C, which reaches this driver only (``par_ray.train.trainer.signals_held``). Leaving
+    early (``contextlib.ExitStack.close``) lets the workers' last forwarded log lines print before what the caller
+    prints next.
 
     Raises :class:`ClusterTokenError` when the cluster at ``address`` refuses this process's token (or its lack of
     one), after one attempt.
     """
     import ray
 
-    from par_ray.train.trainer import free_dashboard_port, signals_held, worker_runtime_env
+    from par_ray.train.trainer import local_ray, signals_held, worker_runtime_env
 
     if ray.is_initialized():
-        return None
+        yield None
+        return
     address = address or ray_address()
-    runtime_env = worker_runtime_env(local=address == "local")
-    local = {}
-    if address == "local" and not os.environ.get("RAY_API_SERVER_ADDRESS"):
-        # As train.trainer.local_ray: Ray Train's PlacementGroupCleaner asks the State API about its controller; with
-        # no address set it auto-detects "the" Ray instance and, beside another one on this host, asks the wrong one
-        # (tracebacks, "Found multiple active Ray instances", a leaked placement group). Pin it to this cluster's
-        # dashboard, before Ray starts, so every Ray process inherits it.
-        port = free_dashboard_port()
-        os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
-        local = dict(include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port)
+    init = dict(logging_level="WARNING", log_to_driver=True, configure_logging=True)
+    if address == "local":
+        with local_ray(num_cpus=None, **init) as context:
+            res = ray.cluster_resources()
+            print(f"Ray: started a local cluster ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU)", flush=True)
+            yield context
+        return
     _check_token(address)
     try:
         with signals_held("Ray has started", children_ignore_ctrl_c=True):
-            context = ray.init(address=address, logging_level="WARNING", log_to_driver=True, configure_logging=True,
-                               runtime_env=runtime_env, **local)
+            context = ray.init(address=address, runtime_env=worker_runtime_env(local=False), **init)
     except (ray.exceptions.AuthenticationError, RuntimeError, ConnectionError) as e:
         # Ray 2.60 wraps the AuthenticationError: "Failed to connect to GCS" (RuntimeError), raised again as
         # "Failed to connect to Ray cluster" (ConnectionError) when joining an address
         if not _auth_failure(e):
             raise
         raise _token_error(address) from None
-    if address == "local":
-        res = ray.cluster_resources() if ray.is_initialized() else {}
-        print(f"Ray: started a local cluster ({res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU)", flush=True)
-    else:
-        print(f"Ray: joined {address}", flush=True)
-    return context
-
-
-def disconnect(context) -> None:
-    """Shut down the Ray connection :func:`connect` made (``context``; ``None``: Ray was initialised before and is
-    left as it was), so that the workers' last forwarded log lines print before what the caller prints next. A Ctrl-C
-    or SIGTERM meanwhile is held until Ray has stopped."""
-    if context is not None:
-        import ray
-
-        from par_ray.train.trainer import signals_held
-
-        with signals_held("Ray has stopped"):
-            ray.shutdown()
-
-
-@contextlib.contextmanager
-def joined(address: str):
-    """:func:`connect` to the cluster at ``address`` for the block, :func:`disconnect` after it."""
-    context = connect(address)
+    print(f"Ray: joined {address}", flush=True)
     try:
         yield context
     finally:
-        disconnect(context)
+        with signals_held("Ray has stopped"):
+            ray.shutdown()
 
 
 class ClusterTokenError(ValueError):

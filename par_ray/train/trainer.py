@@ -61,7 +61,7 @@ QUIET_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 routes a worker's ``print`` through a logger that also echoes it, so each progress line would reach the console
 twice."""
 LOCAL_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1"}
-"""Added on a local cluster this process starts (:func:`local_ray`, a sweep's ``connect``): its machine is never
+"""Added on a local cluster this process starts (:func:`local_ray`): its machine is never
 drained for preemption, and Train's watcher actor logs a core-worker error line per trial ("constructor arguments in
 the object store and max_restarts > 0"); and Ray's C++ failure-signal handler, which prints "*** SIGTERM received …"
 and a stack dump from every worker process Ray stops at a trial's end (Python's own traceback of a crash still reaches
@@ -99,8 +99,10 @@ def worker_runtime_env(local: bool) -> dict:
 
 
 @contextlib.contextmanager
-def local_ray(num_cpus: int, **init_kwargs):
-    """A private Ray instance on this machine for tests, benchmarks and laptops; shut down on exit.
+def local_ray(num_cpus: int | None = None, **init_kwargs):
+    """A private Ray instance on this machine (``num_cpus``: default all of them) for the block; yields its
+    ``RayContext`` and shuts it down after the block. Every new local cluster of this project starts here: a sweep's
+    and the CLI's (``par_ray.train.cluster.joined``), the tests' and the benchmarks'.
 
     Ray Train V2 starts a ``PlacementGroupCleaner`` that asks the State API whether the run's controller is still
     alive and, if told it is gone, removes the worker group's placement group, which kills live workers. With no
@@ -110,7 +112,9 @@ def local_ray(num_cpus: int, **init_kwargs):
     known port (:func:`free_dashboard_port`) and ``RAY_API_SERVER_ADDRESS`` points at it before Ray starts, so every
     Ray process inherits it. A Ctrl-C or SIGTERM while Ray starts or stops is held until it has, and the processes
     it starts ignore Ctrl-C, which reaches this driver only (:func:`signals_held`). The workers' ``runtime_env`` is
-    :func:`worker_runtime_env` unless ``init_kwargs`` names one.
+    :func:`worker_runtime_env` unless ``init_kwargs`` names one. Always a new instance (``address="local"``), never
+    one that ``RAY_ADDRESS`` or a ``ray_current_cluster`` file names (which ``ray.init()`` would join, or retry for
+    ever when its head has died).
     """
     port = free_dashboard_port()
     previous = os.environ.get("RAY_API_SERVER_ADDRESS")
@@ -118,9 +122,9 @@ def local_ray(num_cpus: int, **init_kwargs):
     init_kwargs.setdefault("runtime_env", worker_runtime_env(local=True))
     try:
         with signals_held("Ray has started", children_ignore_ctrl_c=True):
-            ray.init(num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
-                     **init_kwargs)
-        yield
+            context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=True,
+                               dashboard_host="127.0.0.1", dashboard_port=port, **init_kwargs)
+        yield context
     finally:
         try:
             with signals_held("Ray has stopped"):
