@@ -114,10 +114,13 @@ def _build(shape: Shape, vocab: int, attn: str | None, seed: int = 0) -> LoopedL
 
 
 def _full_coda_readout(self, state_BTH, read_positions_Q, pos, mask):
-    """The unoptimised readout: every coda layer over all T positions, then norm and lm_head at the read rows."""
+    """The unoptimised readout: every coda layer over all T positions, then norm and lm_head at the read rows; stacked
+    states (K, B, T, H) as K·B sequences, as ``LoopedLM.readout``."""
+    lead = state_BTH.shape[:-2]
+    state_BTH = state_BTH.flatten(0, -3)
     for layer in self.coda:
         state_BTH = backbones.run_decoder_layer(layer, state_BTH, pos, mask)
-    return self.lm_head(self.norm(state_BTH)[:, read_positions_Q])
+    return self.lm_head(self.norm(state_BTH)[:, read_positions_Q].unflatten(0, lead))
 
 
 def _step_fn(model: LoopedLM, shape: Shape, depth: int, compile: bool = False, bf16: bool = False):

@@ -235,13 +235,24 @@ def test_batched_readout_equals_one_readout_per_iteration(name, attn, coda_windo
             assert (got_grads[n] - want_grad).abs().max().item() <= 1e-5, n
 
 
+def test_the_logits_iterate_returns_with_autograd_are_no_view():
+    """The gradient window's logits come from one lm_head call over (K, B, Q, H), a tensor of their own: FSDP2 warns
+    of a root module whose output is a view ("returned a view tensor … can cause backward to fail or produce wrong
+    gradients"), printed by every worker of every FSDP run while they were the (K·B, Q, V) logits unflattened."""
+    looped = LoopedLM(_parent("tiny-qwen2"))
+    ids_BT, reads_Q = torch.randint(0, 32, (2, 9)), torch.tensor([8, 3])
+    for window in (1, 3):
+        out = looped.iterate(ids_BT, reads_Q, R=3, grad_window=window)
+        assert out.logits_KBQV.shape == (window, 2, 2, 32) and out.logits_KBQV._base is None
+
+
 def test_only_read_outs_with_autograd_are_batched():
     """Read-outs without autograd (evaluation, the iterations before the gradient window) and with ``reduce`` (the
     probe, halting) run as soon as their iteration exists, one (B, T, H) state at a time; the gradient window's run
     after the loop as one call over the stacked states, after the earlier ones, so rows keep the iterations' order."""
     looped = LoopedLM(_parent("tiny-qwen2"))
     batches, readout = [], looped.readout
-    looped.readout = lambda s, *args: batches.append(s.shape[0]) or readout(s, *args)
+    looped.readout = lambda s, *args: batches.append(s.shape[:-2].numel()) or readout(s, *args)
     ids_BT, reads_Q = torch.randint(0, 32, (2, 9)), torch.tensor([8])
     with torch.no_grad():
         out = looped.iterate(ids_BT, reads_Q, R=4, read="all", reduce=lambda k, logits_BQV: logits_BQV[..., 0])

@@ -215,18 +215,24 @@ class LoopedLM(nn.Module):
         return self.untied[min(k, len(self.untied) + 1) - 2]
 
     def readout(self, state_BTH: torch.Tensor, read_positions_Q: torch.Tensor, pos, mask) -> torch.Tensor:
-        """Coda → final norm → lm_head at the read positions: (B, T, H) -> logits (B, Q, V).
+        """Coda → final norm → lm_head at the read positions: (B, T, H) -> logits (B, Q, V); stacked states
+        (K, B, T, H) -> (K, B, Q, V), their K·B rows through the coda as one batch (``mask`` built for K·B rows).
 
         The one readout path used by training, evaluation and halting alike. Only the read rows are kept, so the
         coda's last layer is computed at those rows alone (its keys/values still come from all T positions; see
         ``backbones.run_decoder_layer``'s ``rows_Q``): the logits equal the full computation's to float32 round-off.
-        ``read_positions_Q`` may be any positions, in any order.
+        ``read_positions_Q`` may be any positions, in any order. lm_head runs over the unflattened (K, B, Q, H), so the
+        logits are a tensor of their own, not a view of (K·B, Q, V) ones: FSDP2 warns of a root module whose output is
+        a view (an in-place op on it would skip the pre-backward all-gather), and ``iterate`` returns these.
         """
+        lead = state_BTH.shape[:-2]
+        state_BTH = state_BTH.flatten(0, -3)
         if len(self.coda) == 0:
-            return self.lm_head(self.norm(state_BTH[:, read_positions_Q]))
-        h_BTH = self._stack(self.coda[:-1], state_BTH, pos, mask)
-        h_BQH = run_decoder_layer(self.coda[-1], h_BTH, pos, mask, rows_Q=read_positions_Q)
-        return self.lm_head(self.norm(h_BQH))
+            h_BQH = state_BTH[:, read_positions_Q]
+        else:
+            h_BTH = self._stack(self.coda[:-1], state_BTH, pos, mask)
+            h_BQH = run_decoder_layer(self.coda[-1], h_BTH, pos, mask, rows_Q=read_positions_Q)
+        return self.lm_head(self.norm(h_BQH.unflatten(0, lead)))
 
     def iterate(
         self,
@@ -364,8 +370,7 @@ class LoopedLM(nn.Module):
         states_KBTH = states[0][None] if len(states) == 1 else torch.stack(states)
         states_NTH = states_KBTH.flatten(0, 1)
         mask = self._local(causal_mask(self.config, states_NTH), states_NTH, self.coda_window)
-        logits_NQV = self.readout(states_NTH, read_positions_Q, pos, mask)
-        return logits_NQV.unflatten(0, states_KBTH.shape[:2])
+        return self.readout(states_KBTH, read_positions_Q, pos, mask)
 
     def decode(self, input_ids_BT: torch.Tensor, cache) -> torch.Tensor:
         """One iteration (R = 1) over new tokens with transformers' KV cache: (B, T) -> next-token logits (B, T, V).
