@@ -17,6 +17,7 @@ from analysis.report import analyze
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` argument parser, built without running anything (flags in groups, one example)."""
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,  # a flag's prefix is an error, never another flag
         prog="python -m analysis", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Analyse a finished sweep from its MLflow runs: paper-style tables and accuracy-by-depth plots.",
         epilog="Accuracy by test depth, d50 and G over the seeds of each configuration, written to --out as\n"

@@ -431,6 +431,7 @@ def _cpu_model() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m par_ray.hardware`` argument parser, built without running anything (grouped flags, example)."""
     ap = argparse.ArgumentParser(
+        allow_abbrev=False,  # a flag's prefix is an error, never another flag
         prog="python -m par_ray.hardware", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Measure this machine's CPU peak and write it as a price file for the sweeps' --prices.",
         epilog="The local preset's cost plan (--dry-run) assumes a CPU peak per core; CPUs differ 2x and more,\n"

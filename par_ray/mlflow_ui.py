@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -96,6 +97,7 @@ def ui_url(server: str, experiment_id: str | None = None) -> str:
 def build_parser(prog: str = "python -m par_ray.mlflow_ui") -> argparse.ArgumentParser:
     """The UI command's argument parser (``prog``: how it was called), built without running anything."""
     p = argparse.ArgumentParser(
+        allow_abbrev=False,  # a flag's prefix is an error, never another flag
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve the MLflow UI over a sweep's store on 127.0.0.1 until Ctrl-C.",
         epilog="Lighter than `mlflow ui`: one server worker and no job runner (`mlflow server --workers 1` with\n"
@@ -110,8 +112,19 @@ def build_parser(prog: str = "python -m par_ray.mlflow_ui") -> argparse.Argument
                        help="MLflow store URI (default sqlite:///<storage>/mlflow.db)")
     store.add_argument("--artifacts", default=None, help="artifact folder to serve (default <storage>/mlartifacts)")
     server = p.add_argument_group("server")
-    server.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default 5000)")
+    server.add_argument("--port", type=_port, default=5000, help="port on 127.0.0.1, 1-65535 (default 5000)")
     return p
+
+
+def _port(text: str) -> int:
+    """``--port``'s type: a TCP port, 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1-65535)")
+    return port
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m par_ray.mlflow_ui") -> int:
@@ -140,7 +153,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m par_ray.mlflow_ui
         port = free_port()
         print(f"port {args.port} is in use (another MLflow UI?); serving this store on port {port} instead",
               flush=True)
-    with local_server(backend, artifacts, port=port) as url:
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(local_server(backend, artifacts, port=port))
+        except RuntimeError as e:  # the server did not start: its log's last error says why (a store that is not one)
+            head, _, log = str(e).partition("\n")
+            why = [line for line in log.splitlines() if re.match(r"[\w.]*(Error|Exception)\b.*: ", line)][-1:]
+            print(f"error: {head.rstrip(':')}{': ' + why[0] if why else ''}", file=sys.stderr)
+            return 1
         from mlflow.tracking import MlflowClient
 
         exps = [e for e in MlflowClient(url).search_experiments() if e.name.startswith(EXPERIMENT_PREFIX)]

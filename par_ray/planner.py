@@ -733,6 +733,7 @@ def _positive_float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m par_ray.planner`` argument parser, built without running anything (grouped flags, examples)."""
     ap = argparse.ArgumentParser(
+        allow_abbrev=False,  # a flag's prefix is an error, never another flag
         prog="python -m par_ray.planner", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Plan GPU memory of a PAR training step: bytes per GPU by backbone, strategy, GPUs, R and window.",
         usage="%(prog)s (--backbone NAME --strategy {ddp,fsdp,deepspeed} | --table) [options]",

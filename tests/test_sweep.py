@@ -259,7 +259,9 @@ def test_dry_run_names_each_trials_gpu_type(capsys, tmp_path, write_model_dir):
 
 
 def test_search_metric_is_checked():
-    space = {"train.lr": __import__("ray").tune.loguniform(1e-4, 1e-3)}
+    from ray import tune
+
+    space = {"train.lr": tune.loguniform(1e-4, 1e-3)}
     spec = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, search=Search(space=space))
     with pytest.raises(SweepConfigError, match=r"train\.eval_every: G must be in every report"):
         sweep.build_plan(spec, Options(), "local")  # the local preset reports every 50 steps, evaluates every 1,000
@@ -277,9 +279,39 @@ def test_search_metric_is_checked():
     with pytest.raises(SweepConfigError, match="--metric: 'acc_d1000'"):
         sweep.build_plan(spec, Options(metric="acc_d1000"), "local")
     bad_space = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, overrides=ok,
-                          search=Search(space={"recipe.grad_window": __import__("ray").tune.choice([0, 4])}))
+                          search=Search(space={"recipe.grad_window": tune.choice([0, 4])}))
     with pytest.raises(SweepConfigError, match=r"recipe\.grad_window: must be >= 1"):
         sweep.build_plan(bad_space, Options(), "local")
+
+
+def test_a_search_minimises_the_loss_and_maximises_the_rest_unless_told():
+    """``--metric loss`` used to be maximised (the search's mode was ``max`` whatever the metric, and no flag changed
+    it; ``--mode min`` was taken for ``--model-dir min``): the direction follows the metric, ``--mode`` overrides it,
+    a spec's own mode stays with its own metric, and a flag's prefix is an error."""
+    from ray import tune
+
+    space = {"train.lr": tune.loguniform(1e-4, 1e-3)}
+    ok = {"train.report_every": 100, "train.eval_every": 100, "train.checkpoint_every": 500}
+    spec = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, overrides=ok,
+                     search=Search(space=space))
+    modes = {(metric, mode): sweep.build_plan(spec, Options(metric=metric, mode=mode), "local").mode
+             for metric in ("loss", "G", "acc_longest") for mode in (None, "max", "min")}
+    assert modes == {("loss", None): "min", ("loss", "max"): "max", ("loss", "min"): "min",
+                     ("G", None): "max", ("G", "max"): "max", ("G", "min"): "min",
+                     ("acc_longest", None): "max", ("acc_longest", "max"): "max", ("acc_longest", "min"): "min"}
+    own = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, overrides=ok,
+                    search=Search(space=space, metric="loss", mode="max"))
+    assert sweep.build_plan(own, Options(), "local").mode == "max"  # the spec's choice for its metric
+    assert sweep.build_plan(own, Options(metric="G"), "local").mode == "max"
+    assert sweep.build_plan(spec, Options(), "local").mode == "max"  # G by default
+
+    assert sweep.parse_args(spec, ["--metric", "loss", "--mode", "min"]).mode == "min"
+    assert sweep.parse_args(spec, ["--metric", "loss"]).mode is None
+    with pytest.raises(SystemExit) as e:
+        sweep.parse_args(spec, ["--model", "x"])  # a prefix of --model-dir: refused, not guessed
+    assert e.value.code == 2
+    with pytest.raises(SystemExit):
+        sweep.parse_args(SweepSpec(name="g", seeds=(0,)), ["--mode", "min"])  # a grid has no --mode
 
 
 def test_max_concurrent_trials_from_cluster_resources():

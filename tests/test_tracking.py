@@ -182,6 +182,26 @@ def test_ui_command_refuses_a_missing_store(tmp_path, capsys):
     assert e.value.code == 2 and "--storage: no MLflow store" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("port", ["99999", "-1", "0", "http"])
+def test_ui_command_refuses_a_port_that_is_none(tmp_path, capsys, port):
+    """``--port`` out of 1-65535 was an ``OverflowError`` traceback from the port probe (a fresh-user report)."""
+    (tmp_path / "mlflow.db").touch()
+    with pytest.raises(SystemExit) as e:
+        mlflow_ui.main(["ui", "--storage", str(tmp_path), f"--port={port}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "argument --port: " in err and "is not a port number (1-65535)" in err
+
+
+def test_ui_command_says_in_one_line_why_the_server_did_not_start(tmp_path, capsys):
+    """A ``mlflow.db`` that is not a database: the server exits at once; one ``error:`` line with the reason from its
+    log, not a ``RuntimeError`` traceback followed by SQLAlchemy's."""
+    (tmp_path / "mlflow.db").write_text("not a database")
+    assert mlflow_ui.main(["ui", "--storage", str(tmp_path), "--port", str(mlflow_ui.free_port())]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: mlflow server did not start on http://127.0.0.1:"), err
+    assert err[0].endswith("file is not a database"), err
+
+
 def test_ui_command_stops_its_server_on_sigterm(tmp_path):
     """`kill`, `timeout` or a closed terminal (SIGTERM, SIGHUP) must not orphan the mlflow server the command starts
     in its own session (a fresh-user report: the server kept serving after the wrapper was killed)."""

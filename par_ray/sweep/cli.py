@@ -67,6 +67,7 @@ def build_parser(spec: SweepSpec) -> argparse.ArgumentParser:
     smoke = f"python sweeps/{spec.name}.py --smoke-test --storage runs/smoke"
     width = len(smoke) + 2
     p = argparse.ArgumentParser(
+        allow_abbrev=False,  # a flag's prefix is an error, never another flag
         prog=f"python sweeps/{spec.name}.py", description=spec.description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Without a GPU in the Ray cluster it runs the local preset on CPU. Results, the MLflow store and\n"
@@ -88,6 +89,9 @@ def build_parser(spec: SweepSpec) -> argparse.ArgumentParser:
         what.add_argument("--metric", default=None,
                           help=f"metric to optimize (default {spec.search.metric}): G, G_interp (the interpolated G), "
                                "G_lo, G_interp_lo (their lower 95 % bounds), acc_longest, acc_d<D>, loss …")
+        what.add_argument("--mode", choices=("max", "min"), default=None,
+                          help="maximise or minimise the metric (default: its direction: min for loss, max for G "
+                               "and accuracies)")
         what.add_argument("--num-samples", type=int, default=None,
                           help=f"trials (default {spec.search.num_samples})")
     where = p.add_argument_group("where the results go")
@@ -135,7 +139,7 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
         p.error(str(e))
     return Options(preset=a.preset, seeds=a.seeds, backbones=a.backbones, storage=a.storage, mlflow_uri=a.mlflow_uri,
                    dry_run=a.dry_run, resume=a.resume, smoke_test=a.smoke_test, metric=getattr(a, "metric", None),
-                   num_samples=getattr(a, "num_samples", None), gpu_types=a.gpu_types, overrides=overrides,
+                   mode=getattr(a, "mode", None), num_samples=getattr(a, "num_samples", None), gpu_types=a.gpu_types, overrides=overrides,
                    model_dir=a.model_dir, prices=a.prices, max_usd=a.max_usd)
 
 

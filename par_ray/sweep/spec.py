@@ -32,6 +32,8 @@ TRAIN_MAX_FAILURES = 2
 """Worker-group restarts from the latest checkpoint within one driver (Train ``FailureConfig``)."""
 METRIC_ALIASES = ("acc_longest",)
 """``acc_longest`` = ``acc_d{largest test depth}``."""
+MINIMIZED_METRICS = frozenset({"loss"})
+"""Search metrics whose better value is the lower one (``Search.mode`` ``None`` → ``min``)."""
 
 CELL_KEY = "cell"
 """Tune param holding one of ``SweepSpec.cells`` (a dict of flat keys; :func:`resolve` unpacks it)."""
@@ -68,7 +70,9 @@ class Search:
     where G steps between test depths), ``G_lo``, ``G_interp_lo`` (their lower 95 % bounds: a G that sampling noise
     does not explain; with ``eval.bootstrap_resamples`` > 0), ``loss``, ``train_acc``, ``acc_d{D}``,
     ``acc_query_d{D}`` or ``acc_longest``."""
-    mode: str = "max"
+    mode: str | None = None
+    """``max`` or ``min``; ``None``: the metric's own direction (:data:`MINIMIZED_METRICS` are minimised, the rest,
+    G and accuracies, maximised)."""
     num_samples: int = 8
     """Trials Optuna proposes."""
     reduction_factor: int = 2
@@ -127,6 +131,8 @@ class Options:
     resume: bool = False
     smoke_test: bool = False
     metric: str | None = None
+    mode: str | None = None
+    """``--mode``: ``max`` or ``min``; ``None``: the spec's mode for its own metric, else the metric's direction."""
     num_samples: int | None = None
     overrides: typing.Mapping[str, str] = field(default_factory=dict)
     """``--set SECTION.FIELD=VALUE``: flat overrides applied to every trial after the sweep's own (``recipe.*`` keys
@@ -249,7 +255,9 @@ def build_plan(spec: SweepSpec, opts: Options, preset: str) -> Plan:
     fixed.update(opts.overrides)  # the user's --set wins over the sweep's and the smoke test's values
     search = spec.search
     if search is not None:
+        # a --metric of the user's own takes its own direction unless --mode names one
         search = replace(search, metric=opts.metric or search.metric,
+                         mode=opts.mode or (search.mode if opts.metric is None else None),
                          num_samples=opts.num_samples or search.num_samples)
         if opts.smoke_test:
             search = replace(search, num_samples=min(search.num_samples, 3))
@@ -408,8 +416,11 @@ def domain_ends(key: str, domain: typing.Any) -> list[typing.Any]:
     raise SweepConfigError(f"search space {key}: {domain!r} is not a ray.tune domain (tune.uniform, tune.choice …)")
 
 
-def _check_metric(metric: str, mode: str, cfgs: list[TrialConfig]) -> tuple[str, str]:
-    """Resolve ``acc_longest``; check the metric is in *every* report (ASHA and Tune's strict metric check need it)."""
+def _check_metric(metric: str, mode: str | None, cfgs: list[TrialConfig]) -> tuple[str, str]:
+    """Resolve ``acc_longest`` and a ``None`` mode (the metric's direction: :data:`MINIMIZED_METRICS`); check the
+    metric is in *every* report (ASHA and Tune's strict metric check need it)."""
+    if mode is None:
+        mode = "min" if metric in MINIMIZED_METRICS else "max"
     if mode not in ("max", "min"):
         raise SweepConfigError(f"--mode: {mode!r} is not one of ['max', 'min']")
     depths = {cfg.eval.depths for cfg in cfgs}

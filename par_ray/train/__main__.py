@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Names are listed, not enforced with argparse ``choices``: the config's own validation reports a wrong name as
     # one "error: <field>: ..." line, like every other bad value.
     p = argparse.ArgumentParser(
+        allow_abbrev=False,  # a flag's prefix is an error, never another flag
         prog="python -m par_ray.train", formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s [--backbone NAME] [--task NAME] [--recipe NAME] [--set SECTION.FIELD=VALUE] [options]",
         description="Train one looped model (one PAR trial) and print its accuracy by test depth and G.",
