@@ -10,7 +10,7 @@ identify things):
 - child run per trial, tags ``mlflow.parentRunId``, ``par_ray.role = "trial"``, ``par_ray.trial_id``,
   ``par_ray.recipe``, ``par_ray.backbone``, ``par_ray.task``, ``par_ray.seed``, ``par_ray.git_commit``, and on a
   FAILED trial ``par_ray.error`` (``"<ErrorClass>: <message>"``, at most :data:`ERROR_TAG_CHARS` characters) with the
-  artifact ``error.txt`` (the same, longer: :data:`ERROR_TEXT_CHARS`);
+  artifact ``error.txt`` (the same, longer: :data:`ERROR_TEXT_CHARS`), both removed when ``--resume`` finishes it;
   params = ``par_ray.config.to_flat(cfg)`` without anything that looks like a secret (:func:`redact`);
   step metrics logged with ``step=`` the optimizer step, so the latest value of each is the final one (the loop's
   ``R`` and ``depth``, drawn afresh at every step, are logged as ``R_last_step`` and ``depth_last_step``: the values
@@ -374,6 +374,8 @@ class SweepTracker:
                       for kind in ("d50", "d50_interp") if g_metric(f"{kind}_{end}", s) not in final}
         if unreached and "step" in final:
             self.log_metrics(trial_id, unreached, int(final["step"]))
+        if status == "FINISHED":
+            self._clear_error(run_id)
         curve = curve_metrics(cfg, final) if status == "FINISHED" else []
         if curve and not self.client.get_metric_history(run_id, CURVE_BY_DEPTH):
             self._log_batch(run_id, curve)
@@ -385,6 +387,19 @@ class SweepTracker:
                 Path(d, ARTIFACT_ERROR).write_text(text[:ERROR_TEXT_CHARS] + "\n")
             self.client.log_artifacts(run_id, d)
         self.client.set_terminated(run_id, status=status)
+
+    def _clear_error(self, run_id: str) -> None:
+        """A trial that failed and then finished (``--resume``): its run stops saying it failed, the tag
+        :data:`TAG_ERROR` and the artifact :data:`ARTIFACT_ERROR` of the failed attempt removed (the trial's error
+        file under ``--storage`` keeps that traceback). An artifact store that cannot delete keeps the file."""
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        run = self.client.get_run(run_id)
+        if TAG_ERROR not in run.data.tags:
+            return
+        self.client.delete_tag(run_id, TAG_ERROR)
+        with contextlib.suppress(NotImplementedError):
+            get_artifact_repository(run.info.artifact_uri).delete_artifacts(ARTIFACT_ERROR)
 
 
 def curve_metrics(cfg: TrialConfig, final: typing.Mapping[str, typing.Any]) -> list:

@@ -375,6 +375,28 @@ def test_summary_counts_finished_failed_and_interrupted_trials(capsys):
     assert "trials: 1 finished, 2 unfinished, 1 not started, 1 failed" in capsys.readouterr().out
 
 
+def test_a_trial_tune_completed_is_finished_without_done_in_its_saved_result():
+    """After ``--resume`` of a finished sweep, Tune's restored trials are TERMINATED, but a saved last result may lack
+    ``done`` (Tune saved the trial's state before marking it): finished by the status (a fresh-user report: 2 of 6
+    counted unfinished, exit 1, the sweep's run KILLED, on every --resume)."""
+    from types import SimpleNamespace as R
+
+    from par_ray.sweep import run
+
+    plan = sweep.build_plan(SweepSpec(name="x", seeds=(0,)), Options(smoke_test=True), "local")
+    (p0, _), (p1, _) = plan.trials
+    saved = {"step": 4, "G": 1.0, "done": False}
+    results = _Results([R(metrics=dict(saved, trial_id="a"), config=p0, error=None),
+                        R(metrics=dict(saved, trial_id="b"), config=p1, error=None),
+                        R(metrics=dict(saved, step=2, trial_id="c"), config=p1, error=None)])
+    results._experiment_analysis = R(trials=[R(trial_id="a", status="TERMINATED"), R(trial_id="b", status="PENDING"),
+                                             R(trial_id="c", status="TERMINATED")])
+    assert run.trial_statuses(results) == {"a": "TERMINATED", "b": "PENDING", "c": "TERMINATED"}
+    assert run.trial_statuses([]) == {}
+    _, counts = sweep.print_summary(results, plan)
+    assert counts == {"finished": 1, "unfinished": 2}  # b: interrupted; c: a grid trial short of its steps
+
+
 def _search_plan():
     space = {"train.lr": __import__("ray").tune.loguniform(1e-4, 1e-3)}
     spec = SweepSpec(name="s", seeds=(0,), backbones={"local": ("tiny-qwen2",)}, search=Search(space=space))

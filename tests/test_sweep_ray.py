@@ -135,6 +135,14 @@ def test_resume_finishes_failed_trials_without_rerunning_or_duplicating(tmp_path
     assert [m.step for m in client.get_metric_history(ids["par_fail"], "loss")] == [2, 4]
     assert {a.path for a in client.list_artifacts(ids["par_fail"])} == set(ARTIFACTS)
 
+    # --resume of the finished sweep: nothing to do, every trial finished, the runs stay FINISHED (it used to count
+    # restored trials whose saved last result lacked Tune's "done" as unfinished, exit 1 and mark the sweep KILLED)
+    third = _sweep(script, *flags, "--resume")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "trials: 2 finished" in third.stdout and "--resume" not in third.stderr
+    parent3, children3 = sweep_runs(uri, "resume_demo")
+    assert parent3.info.status == "FINISHED" and {c.info.status for c in children3} == {"FINISHED"}
+
 
 @pytest.mark.full_only
 def test_optuna_search_with_asha_on_G(tmp_path, sweep_runs):

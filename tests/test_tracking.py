@@ -121,6 +121,23 @@ def test_interrupted_trials_are_closed_and_reopened_on_resume(tmp_path):
     assert resumed.start_trial("b", _cfg(1)) == run_b and resumed.client.get_run(run_b).info.status == "RUNNING"
 
 
+def test_a_failed_trial_that_resume_finishes_no_longer_says_it_failed(tmp_path):
+    """The failed attempt's ``par_ray.error`` tag and ``error.txt`` go when the trial finishes (its run is FINISHED:
+    they read as the reason of a failure there was no longer); a trial that fails keeps them."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    t = tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri)
+    runs = {tid: t.start_trial(tid, _cfg(0)) for tid in ("a", "b")}
+    for tid in runs:
+        t.finish_trial(tid, _cfg(0), {"step": 2}, "FAILED", error=("RuntimeError", "worker died"))
+    resumed = tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri)
+    resumed.start_trial("a", _cfg(0))
+    resumed.finish_trial("a", _cfg(0), {"step": 4}, "FINISHED")
+    artifacts = {tid: {a.path for a in t.client.list_artifacts(run)} for tid, run in runs.items()}
+    assert tracking.ARTIFACT_ERROR not in artifacts["a"] and tracking.ARTIFACT_ERROR in artifacts["b"]
+    assert tracking.TAG_ERROR not in t.client.get_run(runs["a"]).data.tags
+    assert t.client.get_run(runs["b"]).data.tags[tracking.TAG_ERROR] == "RuntimeError: worker died"
+
+
 def test_tracker_pickles_without_its_client(tmp_path):
     import pickle
 

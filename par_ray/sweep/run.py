@@ -489,9 +489,11 @@ def _close_finished_runs(results, plan: Plan, tracker) -> None:
     """End as FINISHED, with their artifacts, the runs of trials Tune completed (:func:`trial_outcome` ``finished``)
     whose run is not FINISHED: the MLflow callback's ``on_trial_complete`` did not get to close it (the tracking store
     refused the call, or the sweep stopped in between), and ``--resume`` does not run a completed trial again."""
+    statuses = trial_statuses(results)
     for r in results:
         m = r.metrics or {}
-        if trial_outcome(r, plan) == "finished" and tracker.trial_status(m.get("trial_id")) not in (None, "FINISHED"):
+        if (trial_outcome(r, plan, statuses.get(m.get("trial_id"))) == "finished"
+                and tracker.trial_status(m.get("trial_id")) not in (None, "FINISHED")):
             tracker.finish_trial(m["trial_id"], resolve(r.config, plan.spec.extra_recipes), m, "FINISHED")
 
 
@@ -657,23 +659,36 @@ def _sweep_params(plan: Plan, opts: Options) -> dict[str, typing.Any]:
 # --------------------------------------------------------------------------------------------------------------------
 # End of sweep: the outcome and the analysis
 
-def trial_outcome(result, plan: Plan) -> str:
-    """``finished`` (all ``train.steps``, and Tune completed the trial: its last result is ``done``, as the trial's
-    MLflow run is FINISHED), ``failed`` (an error), ``stopped early`` (ASHA stopped it: Tune marks its last result
-    ``done``), ``not started`` (no report yet: a trial Tune had created but not started, or one stopped before its
-    first report; its result holds only its trial id) or ``unfinished`` (interrupted by Ctrl-C or a lost driver after
-    its first report, also after its last step's report but before Tune completed it)."""
+def trial_outcome(result, plan: Plan, status: str | None = None) -> str:
+    """``finished`` (all ``train.steps``, and Tune completed the trial, as the trial's MLflow run is FINISHED),
+    ``failed`` (an error), ``stopped early`` (ASHA stopped it), ``not started`` (no report yet: a trial Tune had created
+    but not started, or one stopped before its first report; its result holds only its trial id) or ``unfinished``
+    (interrupted by Ctrl-C or a lost driver after its first report, also after its last step's report but before Tune
+    completed it).
+
+    Tune completed a trial when its ``status`` (:func:`trial_statuses`) is ``TERMINATED`` or its last result is
+    ``done``. The status decides after ``--resume``: Tune saves a trial's state with its last report and may mark that
+    result ``done`` only in memory, so a restored finished trial can lack it (2 of 6 in a smoke sweep)."""
     m = result.metrics or {}
     cfg = resolve(result.config, plan.spec.extra_recipes) if result.config else None
     if result.error is not None:
         return "failed"
     if "step" not in m:
         return "not started"
-    if cfg is not None and int(m["step"]) >= cfg.train.steps and m.get("done"):
+    completed = status == "TERMINATED" or bool(m.get("done"))
+    if cfg is not None and int(m["step"]) >= cfg.train.steps and completed:
         return "finished"
-    if plan.search is not None and m.get("done"):
+    if plan.search is not None and completed:
         return "stopped early"
     return "unfinished"
+
+
+def trial_statuses(results) -> dict[str, str]:
+    """Tune's status of each trial of a ``ResultGrid`` by trial id (``TERMINATED``, ``ERROR``, ``PENDING`` …), from
+    the experiment analysis the grid holds (``ResultGrid._experiment_analysis.trials`` in Ray 2.60: its ``Result``\ s
+    carry no status); empty where the grid carries none."""
+    analysis = getattr(results, "_experiment_analysis", None)
+    return {t.trial_id: t.status for t in getattr(analysis, "trials", None) or ()}
 
 
 UNDONE = ("failed", "unfinished", "not started")
@@ -695,10 +710,10 @@ def print_summary(results, plan: Plan) -> tuple[list[dict[str, typing.Any]], dic
     Returns (one row per finished trial: ``task, recipe, backbone, seed, G, G_censored``, the 95 % intervals'
     ``G_lo, G_hi, G_interp, G_interp_lo, G_interp_hi, G_hi_censored`` where logged, ``acc_d{D}...``; the counts).
     """
-    rows, counts = [], {}
+    rows, counts, statuses = [], {}, trial_statuses(results)
     for r in results:
         m = r.metrics or {}
-        kind = trial_outcome(r, plan)
+        kind = trial_outcome(r, plan, statuses.get(m.get("trial_id")))
         counts[kind] = counts.get(kind, 0) + 1
         if kind == "finished" and "G" in m:
             cfg = resolve(r.config, plan.spec.extra_recipes)
