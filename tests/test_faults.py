@@ -151,6 +151,40 @@ def test_sweep_set_is_recorded_in_the_parent_run_and_resume_must_repeat_it(tmp_p
     assert "error: --set: the sweep" in capsys.readouterr().err
 
 
+def test_resume_must_repeat_the_flags_that_shape_the_trials(tmp_path, monkeypatch, capsys):
+    """``--resume`` with other ``--seeds``, ``--backbones``, ``--smoke-test`` or ``--preset`` than the sweep was
+    started with is one line naming each, exit 2, before Ray starts: Tune restores the stored trials and ignores the
+    new flags, and the summary counted the new plan's trials (a fresh-user report: ``--seeds 0,1,2,3`` made every
+    ``--resume`` say 2 trials did not start). ``--preset auto`` takes the stored preset."""
+    from par_ray.sweep.run import _sweep_params
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    class Joined(Exception):
+        pass
+
+    def joined():
+        raise Joined
+
+    monkeypatch.setattr(sweep.run, "joined", joined)
+    spec = SweepSpec(name="x", seeds=(0, 1))
+    started = Options(preset="local", storage=str(tmp_path), smoke_test=True)
+    exp_path = f"{tmp_path}/tune/x"
+    os.makedirs(exp_path)
+    open(f"{exp_path}/tuner.pkl", "wb").close()
+    params = _sweep_params(sweep.build_plan(spec, started, "local"), started)
+    tracking.SweepTracker.open("x", exp_path, f"sqlite:///{tmp_path}/mlflow.db", params=params).finish("FINISHED")
+    flags = ["--storage", str(tmp_path), "--resume"]
+    assert sweep.main(spec, [*flags, "--smoke-test", "--seeds", "0,1,2", "--backbones", "tiny-qwen3"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith(("20", "INFO"))]  # MLflow's
+    assert err == [f"error: --resume: the sweep at {exp_path} was started with other settings (--backbones "
+                   f"tiny-qwen2,tiny-qwen3 → tiny-qwen3; --seeds 0,1 → 0,1,2); --resume must repeat its flags; to "
+                   f"change them, start a new sweep under another --storage"]
+    assert sweep.main(spec, flags) == 2  # without --smoke-test
+    assert "(--smoke-test True → False)" in capsys.readouterr().err
+    with pytest.raises(Joined):  # the same flags, --preset auto: the stored preset's plan passes, Ray is joined next
+        sweep.run_sweep(spec, Options(storage=str(tmp_path), resume=True, smoke_test=True))
+
+
 def test_dry_run_shows_the_set_overrides(capsys):
     assert sweep.main(SweepSpec(name="x"), ["--preset", "local", "--dry-run", "--set", "train.lr=3e-4"]) == 0
     assert "every trial: " in (out := capsys.readouterr().out) and "train.lr=3e-4" in out

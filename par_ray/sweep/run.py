@@ -344,7 +344,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
         raise SweepConfigError(f"--storage: a sweep {spec.name!r} already exists at {experiment_path}; pass --resume "
                                f"to continue it or choose another --storage")
     if opts.resume:
-        _check_resume_overrides(spec.name, experiment_path, uri, opts.overrides)
+        plan = _check_resume(spec, opts, experiment_path, uri, plan)
 
     from ray import tune
 
@@ -554,19 +554,43 @@ def _quiet_optuna_replays():
         yield
 
 
-def _check_resume_overrides(sweep: str, experiment_path: str, uri: str, overrides: typing.Mapping[str, str]) -> None:
+RESUME_FLAGS = {"preset": "--preset", "backbones": "--backbones", "seeds": "--seeds", "smoke_test": "--smoke-test",
+                "gpu_types": "--gpu-types", "search.metric": "--metric", "search.mode": "--mode",
+                "num_trials": "--num-samples"}
+"""The parent run's params (:func:`_sweep_params`) that ``--resume`` checks against the flags given now, with their
+flag; ``set`` (``--set``) too."""
+
+
+def _check_resume(spec: SweepSpec, opts: Options, experiment_path: str, uri: str, plan: Plan | None) -> Plan | None:
     """``--resume`` continues the sweep as it was started: its ``--set`` overrides (the parent run's ``set`` param)
-    must be the ones given now, else :class:`SweepConfigError` naming both."""
+    and the flags that shape its trials (:data:`RESUME_FLAGS`) must be the ones given now, else one
+    :class:`SweepConfigError` naming what differs (Tune would restore the stored trials and ignore the new flags, and
+    the summary would count the new plan's trials). ``--preset auto`` takes the stored preset. Returns the plan, built
+    for that preset where ``plan`` was ``None``."""
     from par_ray import tracking
 
-    params = tracking.sweep_run_params(uri, sweep, experiment_path)
+    params = tracking.sweep_run_params(uri, spec.name, experiment_path)
     if params is None:
-        return
-    stored, now = params.get("set", ""), format_overrides(overrides)
+        return plan
+    stored, now = params.get("set", ""), format_overrides(opts.overrides)
     if stored != now:
         raise SweepConfigError(f"--set: the sweep at {experiment_path} was started with --set {stored or '(none)'}; "
                                f"--resume must repeat them (got {now or '(none)'}); to change them, start a new sweep "
                                f"under another --storage")
+    if plan is None and params.get("preset") in ("local", "paper"):
+        plan = build_plan(spec, opts, params["preset"])
+        _require_weights(plan)
+    if plan is None:
+        return plan
+    current = _sweep_params(plan, opts)
+    differ = [f"{flag} {params.get(key, '(none)')} → {current.get(key, '(none)')}"
+              for key, flag in RESUME_FLAGS.items()
+              if str(current.get(key, "")) != params.get(key, "") and (key != "num_trials" or plan.search)]
+    if differ:
+        raise SweepConfigError(f"--resume: the sweep at {experiment_path} was started with other settings "
+                               f"({'; '.join(differ)}); --resume must repeat its flags; to change them, start a new "
+                               f"sweep under another --storage")
+    return plan
 
 
 def format_overrides(overrides: typing.Mapping[str, str]) -> str:
