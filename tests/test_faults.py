@@ -190,6 +190,15 @@ def test_dry_run_shows_the_set_overrides(capsys):
     assert "every trial: " in (out := capsys.readouterr().out) and "train.lr=3e-4" in out
 
 
+def test_a_smoke_dry_run_shows_the_values_its_trials_get(capsys):
+    """The "every trial:" line of a smoke test's dry run said the sweep's own ``train.steps=1500`` over a table of
+    4-step trials (a fresh-user report): it shows what the trials get, the smoke test's and ``--set``'s values."""
+    spec = SweepSpec(name="x", overrides={"train.steps": 1500, "train.warmup_steps": 7})
+    assert sweep.main(spec, ["--preset", "local", "--dry-run", "--smoke-test", "--set", "train.warmup_steps=5"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("every trial: ")]
+    assert "train.steps=4" in line and "train.warmup_steps=5" in line and "1500" not in line, line
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # SIGTERM
 

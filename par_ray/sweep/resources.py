@@ -110,7 +110,9 @@ def print_plan(plan: Plan, train_storage: str, costs: SweepCost | None = None) -
               f"over {len(shown)} grid point(s); search space:")
         for k, d in plan.search.space.items():
             print(f"  {k}: {_describe_domain(d)}")
-    fixed = {**fixed_overrides(plan.spec, plan.preset), **plan.overrides}
+    # the values the trials get: a smoke test's (and --set's) over the sweep's own
+    fixed = {k: plan.param_space.get(k, v) for k, v in {**fixed_overrides(plan.spec, plan.preset),
+                                                        **plan.overrides}.items()}
     if fixed:  # e.g. the halting sweep's stopping rules, which no table column shows
         print("every trial: " + ", ".join(f"{k}={v}" for k, v in fixed.items()))
     cell_col = " cell |" if cell_keys else ""
