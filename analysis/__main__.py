@@ -47,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         # MLflow's own default is sqlite:///mlflow.db in the working directory: it would create an empty store there
         parser.error("--tracking-uri: required (or set MLFLOW_TRACKING_URI), e.g. "
                      "--tracking-uri sqlite:///runs/backbone_scaling/mlflow.db")
+    uri = args.tracking_uri or os.environ["MLFLOW_TRACKING_URI"]
+    if uri.startswith("sqlite:///") and not os.path.exists(uri[len("sqlite:///"):]):
+        # MLflow would create the folder and an empty store there, then report no such experiment
+        flag = "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI"
+        parser.error(f"{flag}: no MLflow store at {uri} (a sweep's is sqlite:///<its --storage>/mlflow.db)")
     try:
         result = analyze(args.experiment, args.parent_run, args.tracking_uri, args.out,
                          log_artifacts=not args.no_log)

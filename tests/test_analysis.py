@@ -491,6 +491,10 @@ def test_bad_input_names_the_flag(store, tmp_path):
     assert proc.returncode == 2
     assert "error: --experiment: no MLflow experiment named 'nope'" in proc.stderr
     assert "Traceback" not in proc.stderr
+    missing = tmp_path / "typo" / "mlflow.db"  # a mistyped store: refused, and nothing is created there
+    with pytest.raises(SystemExit) as e:
+        main(["--experiment", EXPERIMENT, "--tracking-uri", f"sqlite:///{missing}", "--out", str(tmp_path / "o2")])
+    assert e.value.code == 2 and not (tmp_path / "typo").exists()
 
 
 def test_bootstrap_ci_equals_plain_percentile_bootstrap():
