@@ -684,7 +684,8 @@ def halting_and_stage_errors(cfg: TrialConfig) -> list[str]:
         errs.append(f"stages: must be a non-empty tuple of StageConfig, got {stages!r}")
         return errs
     open_ended = [i for i, s in enumerate(stages) if s.steps == 0 and s.share == 0]
-    sizes_ok = all(s.steps >= 0 and 0.0 <= s.share < 1.0 for s in stages)  # else the sum checks below add noise
+    # else the sum checks below add noise (a train.steps < 1 has its own error)
+    sizes_ok = tr.steps >= 1 and all(s.steps >= 0 and 0.0 <= s.share < 1.0 for s in stages)
     fixed = sum(stage_steps(s, tr.steps) for s in stages)
     for i, s in enumerate(stages):
         check(s.steps >= 0, f"stages[{i}].steps", f"must be >= 0 (0 = share or the rest of train.steps), got {s.steps}")

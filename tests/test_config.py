@@ -190,6 +190,14 @@ def test_every_stage_field_rejects_unusable_values_with_one_error_naming_it(kind
         assert first.startswith(f"- stages[0].{f.name}:"), (f.name, value, first)
 
 
+@pytest.mark.parametrize("steps", [0, -5])
+def test_too_few_train_steps_is_one_error_not_one_about_the_stages_too(steps):
+    """``--steps 0`` said also that "the stages' fixed steps (0) must leave at least one step of train.steps=0"."""
+    with pytest.raises(ValueError) as e:
+        validate(from_flat({"train.steps": steps}))
+    assert str(e.value).splitlines()[1:] == [f"  - train.steps: must be >= 1, got {steps}"]
+
+
 @pytest.mark.parametrize("field, value", [
     ("train.lr", "inf"), ("train.lr", "nan"), ("train.lr", "-inf"), ("train.seed", "-1"), ("eval.seed", "-3"),
     ("recipe.hold_lambda", "inf"), ("recipe.stretch_max", "nan"), ("train.grad_clip", "inf"),
