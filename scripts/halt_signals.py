@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> None:
     ap = build_parser()
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = [r for run in args.runs for r in signals(run, [int(d) for d in args.depths.split(",")], args.n)]
+    try:
+        rows = [r for run in args.runs for r in signals(run, [int(d) for d in args.depths.split(",")], args.n)]
+    except FileNotFoundError as e:  # not a checkpoint or run directory: one line, exit 2
+        ap.error(str(e))
     print("| seed | signal | rule | depth | halting (%) | oracle (%) | gap (pts) | R − R* | never halted (%) |")
     print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:

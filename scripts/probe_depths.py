@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> None:
     """Load the run's final model and print the probe's tables."""
     p = build_parser()
     args = p.parse_args(argv)
-    trained = load_trained(args.run)
+    try:
+        trained = load_trained(args.run)
+    except FileNotFoundError as e:  # not a checkpoint or run directory: one line, exit 2
+        p.error(str(e))
     cfg, model = trained.config, trained.model
     task = trained_task(cfg)  # the prompts as training rendered them (pretrained parent: its tokenizer's words)
     c = cfg.recipe.ops_per_iteration

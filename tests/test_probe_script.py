@@ -46,3 +46,16 @@ def test_halt_signals_tabulates_the_query_and_the_pending_signal(tmp_path):
     assert all(0 <= r["never_halted"] <= 100 and abs(r["gap"] - (r["oracle_acc"] - r["halt_acc"])) < 1e-6
                for r in rows)
     assert probe.stdout.count("| pending |") == 6
+
+
+def test_the_scripts_refuse_a_path_that_is_no_run_in_one_line(tmp_path):
+    """A file (``checkpoint_*`` also matches ``checkpoint_manager_snapshot.json``) or a folder without a checkpoint:
+    one ``error:`` line naming it, exit 2, no traceback."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    snapshot = tmp_path / "checkpoint_manager_snapshot.json"
+    snapshot.write_text("{}")
+    for script, extra in (("probe_depths.py", []), ("halt_signals.py", ["--depths", "3"])):
+        r = subprocess.run([sys.executable, f"scripts/{script}", str(snapshot), *extra], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, (script, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr and f"error: {snapshot}" in r.stderr, (script, r.stderr[-2000:])
