@@ -709,7 +709,7 @@ def trial_outcome(result, plan: Plan, status: str | None = None) -> str:
 
 def trial_statuses(results) -> dict[str, str]:
     """Tune's status of each trial of a ``ResultGrid`` by trial id (``TERMINATED``, ``ERROR``, ``PENDING`` …), from
-    the experiment analysis the grid holds (``ResultGrid._experiment_analysis.trials`` in Ray 2.60: its ``Result``\ s
+    the experiment analysis the grid holds (``ResultGrid._experiment_analysis.trials`` in Ray 2.60: its results
     carry no status); empty where the grid carries none."""
     analysis = getattr(results, "_experiment_analysis", None)
     return {t.trial_id: t.status for t in getattr(analysis, "trials", None) or ()}
