@@ -2,9 +2,9 @@
 
 A configuration is one (task, backbone, recipe, config), ``config`` being the params that vary between trials of one
 (task, backbone, recipe) besides the seed (``analysis.load.config_labels``: empty for a grid sweep, the sampled knobs
-for a search); its seeds are its FINISHED trials. Everything here is computed on
-FINISHED trials only; the other trials (FAILED, RUNNING, KILLED) stay in the input frames and are counted in
-``Summary.excluded`` and in the ``n_excluded`` column of ``Summary.G``.
+for a search); its seeds are its FINISHED trials. Everything here is computed on FINISHED trials only; the other
+trials (FAILED, RUNNING, KILLED, and STOPPED_EARLY: ASHA stopped them, ``analysis.load.STOPPED_EARLY``) stay in the
+input frames and are counted in ``Summary.excluded`` and in the ``n_excluded`` column of ``Summary.G``.
 
 Statistics over seeds (n = number of seeds):
 

@@ -18,9 +18,11 @@ then its own group with its own seeds; after a grid of recipes × backbones × s
 
 Four frames come out (:class:`SweepFrames`):
 
-- ``trials``: one row per child run, whatever its status (FINISHED, FAILED, RUNNING, KILLED): failed and running
-  trials are kept and marked, aggregates filter on ``status`` later and count what they left out; ``error`` is a
-  FAILED trial's reason (its run's ``par_ray.error`` tag: error class and message), null otherwise.
+- ``trials``: one row per child run, whatever its status (FINISHED, FAILED, RUNNING, KILLED, or
+  :data:`STOPPED_EARLY` for a FINISHED run that ASHA stopped early): failed, running and stopped trials are kept and
+  marked, aggregates filter on ``status`` later and count what they left out; ``error`` is a FAILED trial's reason
+  (its run's ``par_ray.error`` tag: error class and message), null otherwise; ``stopped_early`` the
+  ``par_ray.stopped_early`` tag ("step S of N"), null otherwise.
 - ``acc``: long, one row per (run, test depth): ``acc`` (full-state), ``acc_query``, the primary rule's halting
   metrics ``halt_acc``, ``oracle_acc``, ``halt_iter``, ``never_halted``, ``halt_dR_mean``, ``halt_dR_std``,
   ``cot_tokens``, and the oracle best fixed R's ``best_acc`` and ``best_iter`` (halting trials; null where not
@@ -49,7 +51,12 @@ together."""
 SEED_PARAMS = ("train.seed",)
 """Flat config keys that tell seeds of one configuration apart (never part of ``config``)."""
 
-_TAGS = {**tracking_schema.TRIAL_TAGS, "error": tracking_schema.TAG_ERROR}  # frame column -> MLflow tag
+_TAGS = {**tracking_schema.TRIAL_TAGS, "error": tracking_schema.TAG_ERROR,  # frame column -> MLflow tag
+         "stopped_early": tracking_schema.TAG_STOPPED_EARLY}
+STOPPED_EARLY = "STOPPED_EARLY"
+"""``status`` of a trial a search's scheduler (ASHA) stopped before ``train.steps``: its MLflow run is FINISHED with
+the tag ``par_ray.stopped_early`` (``tracking_schema.TAG_STOPPED_EARLY``). Its metrics are from the step where it
+stopped, so the aggregates (FINISHED only) leave it out and count it apart."""
 _PARAMS = {  # frame column -> flat config key (par_ray.config.to_flat); only what the tables and plots use
     "train_depth": "task.train_depth",
     "eval_depths": "eval.depths",
@@ -94,6 +101,7 @@ TRIAL_SCHEMA = {
     "seed": pl.Int64,
     "git_commit": pl.String,
     "error": pl.String,
+    "stopped_early": pl.String,
     "train_depth": pl.Int64,
     "eval_depths": pl.String,
     "anchoring": pl.String,
@@ -164,7 +172,8 @@ def trials_frame(records: list[dict]) -> pl.DataFrame:
 
     Each record: ``run_id``, ``status``, ``start_ms`` / ``end_ms`` (epoch milliseconds, ``None`` while running),
     ``tags`` and ``params`` (str → str, MLflow keys) and ``metrics`` (str → float). Missing tags and params become
-    null; ``seed`` and ``train_depth`` that do not parse as integers become null; ``config`` is
+    null; ``seed`` and ``train_depth`` that do not parse as integers become null; ``status`` is
+    :data:`STOPPED_EARLY` for a FINISHED run tagged ``par_ray.stopped_early``; ``config`` is
     :func:`config_labels` over all the records.
     """
     rows = [
@@ -190,7 +199,8 @@ def trials_frame(records: list[dict]) -> pl.DataFrame:
     metrics = [m for m in metric_names if m != "chance"]
     return raw.select(
         "run_id",
-        "status",
+        pl.when((pl.col("status") == "FINISHED") & pl.col("stopped_early").is_not_null())
+        .then(pl.lit(STOPPED_EARLY)).otherwise(pl.col("status")).alias("status"),
         "trial_id",
         "task",
         "backbone",
@@ -199,6 +209,7 @@ def trials_frame(records: list[dict]) -> pl.DataFrame:
         pl.col("seed").str.strip_chars().cast(pl.Int64, strict=False),
         "git_commit",
         "error",
+        "stopped_early",
         pl.col("train_depth").str.strip_chars().cast(pl.Int64, strict=False),
         "eval_depths",
         "anchoring",

@@ -44,7 +44,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis.aggregate import CEIL, GROUP, STOPPINGS, Summary
-from analysis.load import signal_rank
+from analysis.load import STOPPED_EARLY, signal_rank
 
 MISSING = "–"
 SCALE_MULTIPLE = 16
@@ -169,10 +169,15 @@ def _task_title(frame: pl.DataFrame) -> str:
     return f" ({', '.join(tasks)})" if len(tasks) == 1 else ""
 
 
+_STATUS_WORDS = {STOPPED_EARLY: "stopped early (ASHA)"}
+"""How the exclusion note names a ``status`` that is not an MLflow status."""
+
+
 def _exclusion_note(summary: Summary) -> tuple[str, ...]:
     if summary.excluded.is_empty():
         return ()
-    parts = ", ".join(f"{r['n']} {r['status']}" for r in summary.excluded.iter_rows(named=True))
+    parts = ", ".join(f"{r['n']} {_STATUS_WORDS.get(r['status'], r['status'])}"
+                      for r in summary.excluded.iter_rows(named=True))
     return (f"Excluded from the aggregates (kept in trials.csv): {parts} trial(s).",)
 
 

@@ -11,6 +11,8 @@ identify things):
   ``par_ray.recipe``, ``par_ray.backbone``, ``par_ray.task``, ``par_ray.seed``, ``par_ray.git_commit``, and on a
   FAILED trial ``par_ray.error`` (``"<ErrorClass>: <message>"``, at most :data:`ERROR_TAG_CHARS` characters) with the
   artifact ``error.txt`` (the same, longer: :data:`ERROR_TEXT_CHARS`), both removed when ``--resume`` finishes it;
+  a trial a search's scheduler (ASHA) stopped before ``train.steps`` ends FINISHED, as Ray's own MLflow callback
+  ends it, tagged ``par_ray.stopped_early = "step S of N"`` (``TAG_STOPPED_EARLY``);
   params = ``par_ray.config.to_flat(cfg)`` without anything that looks like a secret (:func:`redact`);
   step metrics logged with ``step=`` the optimizer step, so the latest value of each is the final one (the loop's
   ``R`` and ``depth``, drawn afresh at every step, are logged as ``R_last_step`` and ``depth_last_step``: the values
@@ -58,7 +60,7 @@ from par_ray.tracking_schema import (ARTIFACT_ACCURACY_CSV, ARTIFACT_ACCURACY_JS
                                      TAG_ROLE, TAG_SEED, TAG_SWEEP, TAG_TASK, TAG_TRIAL_ID, depth_metric,
                                      experiment_name, g_metric)
 from par_ray.tracking_schema import (ARTIFACT_ERROR, ERROR_TAG_CHARS, ERROR_TEXT_CHARS,  # noqa: F401 - re-exported
-                                     TAG_ERROR)
+                                     TAG_ERROR, TAG_STOPPED_EARLY)
 
 _SECRET_KEY = re.compile(r"token|secret|passw(or)?d|passwd|credential|auth|api[_-]?key|access[_-]?key|private[_-]?key"
                          r"|(^|[._-])key($|[._-])", re.IGNORECASE)
@@ -356,10 +358,13 @@ class SweepTracker:
         ``error``: (error class, message) of a trial that failed (:func:`par_ray.sweep.run.failure_reason`): the tag
         :data:`TAG_ERROR` and the artifact :data:`ARTIFACT_ERROR` record it, so the run says why it failed.
 
-        A FINISHED trial also gets its accuracy-by-depth curve as the metrics ``acc_by_depth`` / ``acc_by_multiple``
-        (:func:`curve_metrics`), once: a run that already has them (a resumed sweep re-finishing a trial) is left
-        alone. Trials that end otherwise keep only their ``acc_d{D}`` step metrics: a curve from a partial run would
-        overlay the finished ones as if it were final.
+        A FINISHED trial whose last step (``final["step"]``) is short of ``cfg.train.steps`` was stopped early by a
+        search's scheduler (ASHA: Tune completed it): its run gets :data:`TAG_STOPPED_EARLY` = ``"step S of N"``.
+
+        A FINISHED trial that ran all its steps also gets its accuracy-by-depth curve as the metrics
+        ``acc_by_depth`` / ``acc_by_multiple`` (:func:`curve_metrics`), once: a run that already has them (a resumed
+        sweep re-finishing a trial) is left alone. Trials that end otherwise keep only their ``acc_d{D}`` step
+        metrics: a curve from a partial run would overlay the finished ones as if it were final.
         """
         run_id = self._runs.get(trial_id) or self.find_trial_run(trial_id)
         if run_id is None:
@@ -374,9 +379,13 @@ class SweepTracker:
                       for kind in ("d50", "d50_interp") if g_metric(f"{kind}_{end}", s) not in final}
         if unreached and "step" in final:
             self.log_metrics(trial_id, unreached, int(final["step"]))
+        stopped_at = int(final.get("step", 0))
+        stopped_early = status == "FINISHED" and stopped_at < cfg.train.steps
         if status == "FINISHED":
             self._clear_error(run_id)
-        curve = curve_metrics(cfg, final) if status == "FINISHED" else []
+        if stopped_early:
+            self.client.set_tag(run_id, TAG_STOPPED_EARLY, f"step {stopped_at} of {cfg.train.steps}")
+        curve = curve_metrics(cfg, final) if status == "FINISHED" and not stopped_early else []
         if curve and not self.client.get_metric_history(run_id, CURVE_BY_DEPTH):
             self._log_batch(run_id, curve)
         with tempfile.TemporaryDirectory() as d:

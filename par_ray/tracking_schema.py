@@ -13,7 +13,8 @@
   (:func:`iteration_metric`); d50 and G of each stopping (:func:`g_metric`: ``G``, ``G_interp``, ``G_halt``,
   ``G_best``, …) and their 95 % intervals (``G_lo``, ``G_interp_hi``, …); the final curve :data:`CURVE_BY_DEPTH` /
   :data:`CURVE_BY_MULTIPLE`;
-- artifacts :data:`ARTIFACTS`; a FAILED trial run also has :data:`TAG_ERROR` and :data:`ARTIFACT_ERROR`;
+- artifacts :data:`ARTIFACTS`; a FAILED trial run also has :data:`TAG_ERROR` and :data:`ARTIFACT_ERROR`; a trial
+  run ASHA stopped early ends FINISHED with :data:`TAG_STOPPED_EARLY`;
 - cost (issue "what a sweep costs"): the plan as child-run params ``cost.<field>`` (:func:`cost_param`, fields
   :data:`COST_FIELDS`, ``par_ray.cost.TrialCost.params``), what the trial used as metrics :data:`GPU_SECONDS_TRAIN`,
   :data:`GPU_SECONDS_EVAL` and ``gpu_seconds_stage{i}`` (:func:`gpu_seconds_stage`); ``analysis.cost`` reads both.
@@ -56,6 +57,10 @@ TAG_SEED = "par_ray.seed"
 TAG_GIT_COMMIT = "par_ray.git_commit"
 TAG_ERROR = "par_ray.error"
 """On a FAILED trial run: ``"<ErrorClass>: <message>"`` (at most :data:`ERROR_TAG_CHARS` characters)."""
+TAG_STOPPED_EARLY = "par_ray.stopped_early"
+"""On a FINISHED trial run that a search's scheduler (ASHA) stopped before ``train.steps``: ``"step S of N"``. Such a
+run ends FINISHED, as Ray's own MLflow callback ends it (the trial completed; nothing failed); ``analysis`` keeps it
+out of the aggregates (its metrics are from step S)."""
 ERROR_TAG_CHARS = 500
 """Length limit of :data:`TAG_ERROR` (MLflow tags hold 8,000 characters; the runs table shows a line)."""
 ARTIFACT_ERROR = "error.txt"

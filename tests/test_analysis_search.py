@@ -127,3 +127,23 @@ def test_search_figures_have_one_series_per_configuration(search_summary, tmp_pa
         "par_hold · recipe.grad_window=8, train.lr=0.0003"]
     paths = plots.plot_all(search_summary, tmp_path)
     assert {p.name for p in paths} == {"accuracy_swap_s5_tiny-qwen2.png", "G_swap_s5.png"}
+
+
+def test_a_trial_asha_stopped_is_kept_apart_from_the_aggregates_and_named_so(search_records):
+    """ASHA stopped a fourth configuration at its first rung: its run is FINISHED with the tag
+    ``par_ray.stopped_early`` (as Ray's MLflow callback ends such a trial; KILLED read as a crash in the UI). Its
+    metrics are from step 2, so no seed of the aggregates (its configuration counts it excluded), and the note names it as stopped early, not KILLED."""
+    stopped = _record(9, "par_hold", "tiny-qwen2", 0, (1.0, 1.0, 1.0, 1.0), {"train.lr": "0.01",
+                                                                             "recipe.grad_window": "4"})
+    stopped["tags"]["par_ray.stopped_early"] = "step 2 of 4"
+    trials = load.trials_frame([*search_records, stopped])
+    assert trials.filter(pl.col("run_id") == "r9").select("status", "stopped_early").row(0) == (
+        load.STOPPED_EARLY, "step 2 of 4")
+    assert set(trials.filter(pl.col("run_id") != "r9").get_column("status")) == {"FINISHED"}
+    summary = aggregate.summarize(load.frames_from_trials(trials), n_boot=50)
+    g = {r["config"]: r for r in summary.G.iter_rows(named=True)}
+    assert [(r["n"], r["n_excluded"]) for c, r in g.items() if "train.lr=0.01" in c] == [(0, 1)]
+    assert sorted(r["G_mean"] for c, r in g.items() if "train.lr=0.01" not in c) == [2.0, 4.0, 8.0]
+    assert dict(summary.excluded.iter_rows()) == {load.STOPPED_EARLY: 1}
+    t = tables.main_results(summary)
+    assert "Excluded from the aggregates (kept in trials.csv): 1 stopped early (ASHA) trial(s)." in t.notes

@@ -472,6 +472,40 @@ def test_a_checkpointed_report_tune_never_handed_over_is_logged_once_on_resume(t
     assert restored.client.get_run(run_id).info.status == "RUNNING"
 
 
+def test_a_trial_asha_stopped_ends_finished_and_resume_leaves_its_storage_alone(tmp_path, capsys):
+    """Tune completes a trial ASHA stopped at step 2 of 4: the callback ends its run FINISHED with the
+    ``par_ray.stopped_early`` tag (it ended KILLED, which reads as a crash and which ``--resume``'s summary never
+    ran again). ``--resume`` then repairs only the storage of trials that run again: the stopped trial's checkpoint
+    written after its last report (Train never registered it) stays, with no "the resumed run repeats its steps"
+    line for a trial that never resumes; an interrupted trial's orphan is removed as before."""
+    from types import SimpleNamespace
+
+    from par_ray.sweep.run import _make_callback, _repair_trial_storage
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri)
+    cfg = _cfg(0)
+    params = {"preset": "local", "recipe": "par", "backbone.name": "tiny-qwen2", "task.name": "swap_s5",
+              "train.seed": 0}
+    stopped = SimpleNamespace(trial_id="t0", config=params, last_result={"step": 2, "loss": 0.5})
+    callback = _make_callback(tracker, {}, str(tmp_path / "train"))
+    callback.on_trial_start(0, [stopped], stopped)
+    callback.on_trial_complete(0, [stopped], stopped)
+    run = tracker.client.get_run(tracker.find_trial_run("t0"))
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[tracking.TAG_STOPPED_EARLY] == f"step 2 of {cfg.train.steps}"
+    tracker.start_trial("t1", cfg)
+    tracker.close_open_trials("KILLED")  # an interrupted trial
+
+    for tid in ("t0", "t1"):
+        _checkpoint(tmp_path / "train" / f"trial_{tid}", "checkpoint_a", 4)  # complete, never registered
+    _repair_trial_storage(str(tmp_path / "train"), tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri))
+    out = capsys.readouterr().out
+    assert (tmp_path / "train" / "trial_t0" / "checkpoint_a").is_dir() and "trial_t0" not in out
+    assert not (tmp_path / "train" / "trial_t1" / "checkpoint_a").exists()
+    assert "resume: trial_t1: removed checkpoint checkpoint_a (step 4)" in out
+
+
 def test_the_ui_never_serves_another_servers_store_from_a_busy_port():
     import socket
 

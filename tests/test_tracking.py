@@ -166,7 +166,7 @@ def test_experiment_kind_curve_metrics_and_renamed_draws(tmp_path):
     tracking.SweepTracker.open("old", str(tmp_path / "y"), uri, commit="abc")
     assert client.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
 
-    cfg = from_flat({"task.train_depth": 4, "eval.depths": "4,6,8,16"}, base=_cfg())
+    cfg = from_flat({"task.train_depth": 4, "eval.depths": "4,6,8,16", "train.steps": 4}, base=_cfg())
     final = {"step": 4, "acc_d4": 1.0, "acc_d6": 0.75, "acc_d8": 0.5, "acc_d16": 0.25, "R": 3, "depth": 2}
     for tid, status in (("done", "FINISHED"), ("failed", "FAILED")):
         run_id = t.start_trial(tid, cfg)
@@ -283,3 +283,21 @@ def test_extrapolation_metric_names_of_every_stopping():
         ts.g_metric("G", "oracle")
     with pytest.raises(ValueError, match="kind 'G_std' is not one of"):
         ts.g_metric("G_std")
+
+
+def test_a_trial_stopped_early_ends_finished_and_says_where_it_stopped(tmp_path):
+    """ASHA stopped the trial at step 2 of its steps: its run is FINISHED (Tune completed it; as Ray's own MLflow
+    callback ends it) with ``par_ray.stopped_early = "step 2 of N"``, and no final curve (a partial run's curve would
+    overlay the finished ones); a trial that ran all its steps has neither the tag nor a missing curve."""
+    t = tracking.SweepTracker.open("demo", str(tmp_path / "x"), f"sqlite:///{tmp_path}/mlflow.db")
+    cfg = _cfg(0)
+    accs = {f"acc_d{d}": 1.0 for d in cfg.eval.depths}
+    runs = {tid: t.start_trial(tid, cfg) for tid in ("stopped", "done")}
+    t.finish_trial("stopped", cfg, {"step": 2, **accs}, "FINISHED")
+    t.finish_trial("done", cfg, {"step": cfg.train.steps, **accs}, "FINISHED")
+    stopped, done = (t.client.get_run(runs[k]) for k in ("stopped", "done"))
+    assert (stopped.info.status, done.info.status) == ("FINISHED", "FINISHED")
+    assert stopped.data.tags[tracking.TAG_STOPPED_EARLY] == f"step 2 of {cfg.train.steps}"
+    assert tracking.TAG_STOPPED_EARLY not in done.data.tags
+    assert not t.client.get_metric_history(runs["stopped"], tracking.CURVE_BY_DEPTH)
+    assert t.client.get_metric_history(runs["done"], tracking.CURVE_BY_DEPTH)

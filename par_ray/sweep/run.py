@@ -220,10 +220,10 @@ def _make_callback(tracker, extra_recipes, train_storage: str | None = None, tab
             self.tracker.log_metrics(trial.trial_id, metrics, int(result.get("step", result.get("training_iteration"))))
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            cfg = resolve(trial.config, self.extra_recipes)
-            last = trial.last_result or {}
-            done = int(last.get("step", 0)) >= cfg.train.steps
-            self.tracker.finish_trial(trial.trial_id, cfg, last, "FINISHED" if done else "KILLED")
+            # Tune completed the trial: all its steps, or a search's scheduler (ASHA) stopped it, which
+            # finish_trial tags on the FINISHED run (as Ray's MLflowLoggerCallback, FINISHED either way)
+            self.tracker.finish_trial(trial.trial_id, resolve(trial.config, self.extra_recipes),
+                                      trial.last_result or {}, "FINISHED")
 
         def on_trial_error(self, iteration, trials, trial, **info):
             cfg = resolve(trial.config, self.extra_recipes)
@@ -402,7 +402,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
             )
         if opts.resume:
             _clear_not_retryable_markers(train_storage)
-            _repair_trial_storage(train_storage)
+            _repair_trial_storage(train_storage, tracker)
         try:
             with _sigterm_as_ctrl_c(tracker), _quiet_optuna_replays():
                 results = tuner.fit()
@@ -486,13 +486,14 @@ RESUME_HINT = "Rerun with --resume (same --storage and --set) to finish them."
 
 
 def _close_finished_runs(results, plan: Plan, tracker) -> None:
-    """End as FINISHED, with their artifacts, the runs of trials Tune completed (:func:`trial_outcome` ``finished``)
-    whose run is not FINISHED: the MLflow callback's ``on_trial_complete`` did not get to close it (the tracking store
-    refused the call, or the sweep stopped in between), and ``--resume`` does not run a completed trial again."""
+    """End as FINISHED, with their artifacts, the runs of trials Tune completed (:func:`trial_outcome` ``finished``
+    or ``stopped early``) whose run is not FINISHED: the MLflow callback's ``on_trial_complete`` did not get to close
+    it (the tracking store refused the call, or the sweep stopped in between), and ``--resume`` does not run a
+    completed trial again."""
     statuses = trial_statuses(results)
     for r in results:
         m = r.metrics or {}
-        if (trial_outcome(r, plan, statuses.get(m.get("trial_id"))) == "finished"
+        if (trial_outcome(r, plan, statuses.get(m.get("trial_id"))) in ("finished", "stopped early")
                 and tracker.trial_status(m.get("trial_id")) not in (None, "FINISHED")):
             tracker.finish_trial(m["trial_id"], resolve(r.config, plan.spec.extra_recipes), m, "FINISHED")
 
@@ -598,16 +599,19 @@ def format_overrides(overrides: typing.Mapping[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
 
 
-def _repair_trial_storage(train_storage: str) -> None:
-    """``--resume`` after a full disk or a killed node: each trial's Train checkpoints made loadable again
-    (``par_ray.train.trainer.repair_run_storage``), one line per repair."""
+def _repair_trial_storage(train_storage: str, tracker) -> None:
+    """``--resume`` after a full disk or a killed node: the Train checkpoints of each trial that will run again made
+    loadable again (``par_ray.train.trainer.repair_run_storage``), one line per repair. A trial whose MLflow run is
+    FINISHED (it ran all its steps, or ASHA stopped it) never runs again: its storage is left as it is (a trial ASHA
+    stopped can hold a checkpoint written after its last report, which Train never registered)."""
     import pyarrow.fs
 
     from par_ray.train.trainer import repair_run_storage
 
     fs, inner = pyarrow.fs.FileSystem.from_uri(train_storage)
     for info in fs.get_file_info(pyarrow.fs.FileSelector(inner, allow_not_found=True)):
-        if info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("trial_"):
+        if (info.type == pyarrow.fs.FileType.Directory and info.base_name.startswith("trial_")
+                and tracker.trial_status(info.base_name.removeprefix("trial_")) != "FINISHED"):
             for note in repair_run_storage(train_storage, info.base_name):
                 print(f"resume: {info.base_name}: {note}", flush=True)
 
