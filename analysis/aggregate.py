@@ -297,9 +297,9 @@ def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
 
     Returns columns: GROUP, ``train_depth``, ``n`` (seeds with a G), ``n_censored``, ``G_mean``, ``G_std``
     (ddof = 1), ``G_min``, ``G_max``, ``G_interp_mean``, ``G_interp_std`` (the interpolated G), ``lower_bound`` (any seed censored: G_mean is a lower bound, "≥"),
-    ``n_excluded`` (trials of that configuration not FINISHED), ``anchoring`` and ``targets`` (the configuration's
-    ``recipe.anchoring`` / ``recipe.targets`` params, for the ablation table). A configuration whose trials all
-    failed still has a row, with n = 0.
+    ``n_excluded`` (trials of that configuration not FINISHED), ``anchoring``, ``targets`` and ``distill`` (the
+    configuration's ``recipe.anchoring`` / ``recipe.targets`` / ``recipe.distill`` params, for the ablation and
+    label-free tables). A configuration whose trials all failed still has a row, with n = 0.
     """
     per_seed, trials = with_config(per_seed), with_config(trials)
     fin = per_seed.filter(FINISHED & pl.col("G").is_not_null())
@@ -315,7 +315,7 @@ def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
         pl.col("G_interp").std(ddof=1).alias("G_interp_std"),
     )
     others = trials.group_by(GROUP).agg(
-        pl.col("anchoring", "targets").drop_nulls().first(),
+        pl.col("anchoring", "targets", "distill").drop_nulls().first(),
         (~FINISHED).sum().cast(pl.Int64).alias("n_excluded"),
     )
     return (
@@ -325,7 +325,7 @@ def g_summary(per_seed: pl.DataFrame, trials: pl.DataFrame) -> pl.DataFrame:
             (pl.col("n_censored") > 0).fill_null(False).alias("lower_bound"),
         )
         .select(*GROUP, "train_depth", "n", "n_censored", "G_mean", "G_std", "G_min", "G_max", "G_interp_mean",
-                "G_interp_std", "lower_bound", "n_excluded", "anchoring", "targets")
+                "G_interp_std", "lower_bound", "n_excluded", "anchoring", "targets", "distill")
         .sort(GROUP, nulls_last=True)
     )
 

@@ -18,6 +18,9 @@ Layouts (PAR paper, §5):
   last operation's pending signal as more rows when trials logged it (``recipe.dense_pending``).
 - ``ablation``: one row per recipe with its anchoring and targets, accuracy at the largest multiple tested by every
   row, G and the interpolated G.
+- ``label_free`` (when a recipe distils: ``sweeps/label_free.py``, paper Table 5): one row per recipe with the labels
+  it trains on (every prefix, or the final answer only) and its prefix self-distillation teacher (EMA, live, none),
+  accuracy at d_train and at the largest multiple tested by every row, G and the interpolated G.
 - ``G_intervals`` (when trials logged them, issue 37): one row per trial (× stopping for halting trials) with G and
   the interpolated G, each beside its 95 % interval (a bootstrap over the trial's test sequences,
   ``par_ray.evaluation.extrapolation_interval``), then per configuration a row "seeds" with the seed spread (mean ±
@@ -388,27 +391,86 @@ def halting_results(summary: Summary) -> Table | None:
                  (*notes, *_exclusion_note(summary)))
 
 
-def ablation_results(summary: Summary) -> Table | None:
-    """Rows backbone × (anchoring, targets) × recipe: accuracy at the largest multiple tested by every row, then G.
-    ``None`` when no trial logged ``recipe.anchoring`` / ``recipe.targets``, or all share one (anchoring, targets)
-    pair (nothing was ablated, e.g. a backbone-scaling sweep of ``par`` only)."""
-    g = summary.G.filter(pl.col("anchoring").is_not_null() | pl.col("targets").is_not_null())
-    if g.select("anchoring", "targets").unique().height < 2:
-        return None
+def _accuracy_at_common_multiple(summary: Summary, g: pl.DataFrame) -> tuple[pl.DataFrame, str]:
+    """(GROUP + a cell column, that column's name): accuracy of each configuration of ``g`` at the largest multiple of
+    the train length that every one of them tested (``"accuracy at 8× (%)"``)."""
     acc = summary.accuracy.join(g.select(GROUP), on=GROUP, how="semi", nulls_equal=True)
     common = acc.group_by(GROUP).agg(pl.col("multiple").max()).get_column("multiple").min()
     at = acc.filter(pl.col("multiple") == common) if common is not None else acc.clear()
     column = f"accuracy at {common:g}× (%)" if common is not None else "accuracy (%)"
-    rows = at.select(*GROUP, _acc_cell_expr().alias(column))
-    wide = _g_cells(g).join(g.select(*GROUP, "anchoring", "targets"), on=GROUP, nulls_equal=True)
+    return at.select(*GROUP, _acc_cell_expr().alias(column)), column
+
+
+TEACHERS = {"none": MISSING, "ema": "EMA of the student", "live": "live student"}
+"""``teacher`` cells by ``recipe.distill`` (prefix self-distillation, paper §3)."""
+LABELS = {"progress": "every prefix", "final": "final answer only", "done": "final answer only (from ⌈d/c⌉)"}
+"""``labels`` cells of the label-free table by ``recipe.targets``: which states the training data labels."""
+
+
+def _distilled(g: pl.DataFrame) -> bool:
+    """Any configuration of ``g`` trained by prefix self-distillation (``recipe.distill`` ema or live)."""
+    return g.filter(pl.col("distill").is_in([k for k in TEACHERS if k != "none"])).height > 0
+
+
+def _teacher_expr() -> pl.Expr:
+    return pl.col("distill").replace_strict(TEACHERS, default=MISSING, return_dtype=pl.String).alias("teacher")
+
+
+def ablation_results(summary: Summary) -> Table | None:
+    """Rows backbone × (anchoring, targets) × recipe: accuracy at the largest multiple tested by every row, then G; a
+    ``teacher`` column when a recipe distils (``psd_ema`` / ``psd_live`` share final-answer targets with
+    ``final_answer``). ``None`` when no trial logged ``recipe.anchoring`` / ``recipe.targets``, or all share one
+    (anchoring, targets) pair (nothing was ablated, e.g. a backbone-scaling sweep of ``par`` only)."""
+    g = summary.G.filter(pl.col("anchoring").is_not_null() | pl.col("targets").is_not_null())
+    if g.select("anchoring", "targets").unique().height < 2:
+        return None
+    rows, column = _accuracy_at_common_multiple(summary, g)
+    wide = _g_cells(g).join(g.select(*GROUP, "anchoring", "targets", _teacher_expr()), on=GROUP, nulls_equal=True)
     wide = wide.join(rows, on=GROUP, how="left", nulls_equal=True)
     wide = best_first(wide, summary, ["task", "backbone", "anchoring", "targets", "recipe"])
-    label_cols = _label_columns(wide, ["task", "backbone", "anchoring", "targets", "recipe", "config"])
+    teacher = ["teacher"] if _distilled(g) else []
+    label_cols = _label_columns(wide, ["task", "backbone", "anchoring", "targets", *teacher, "recipe", "config"])
     frame = _show_config(wide).select(*label_cols, column, "G", G_INTERP).fill_null(MISSING)
     note = ("Anchoring: RMS norm anchoring on/off (recipe.anchoring); targets: progress-aligned or final-answer "
-            "supervision (recipe.targets). Mean ± std (n) over seeds. " + G_NOTE)
+            "supervision (recipe.targets)" + ("; teacher: prefix self-distillation's teacher (recipe.distill)"
+                                              if teacher else "") + ". Mean ± std (n) over seeds. " + G_NOTE)
     return Table("ablation", f"Ablation: anchoring × targets{_task_title(wide)}", frame,
                  (note, *_exclusion_note(summary)))
+
+
+def label_free_results(summary: Summary) -> Table | None:
+    """Label-free learning (paper Table 5, §3 "Prefix Self-Distillation"): rows backbone × recipe with the labels it
+    trains on (``recipe.targets``: ``every prefix`` for progress-aligned targets z_min(ck, d), ``final answer only``
+    for z_d) and its teacher (``recipe.distill``: the EMA of the student, the live student, or none), then accuracy
+    at d_train (in distribution), accuracy at the largest multiple tested by every row, G and the interpolated G.
+    Order: every-prefix labels first, then final answers with a teacher (EMA, live), then without. ``None`` unless
+    some configuration distils (``sweeps/label_free.py``)."""
+    g = summary.G.filter(pl.col("targets").is_not_null())
+    if not _distilled(g):
+        return None
+    far, column = _accuracy_at_common_multiple(summary, g)
+    at_train = (summary.accuracy.filter(pl.col("multiple") == 1)
+                .select(*GROUP, _acc_cell_expr().alias("accuracy at d_train (%)")))
+    wide = (_g_cells(g)
+            .join(g.select(*GROUP, pl.col("targets").replace_strict(LABELS, default=pl.col("targets"),
+                                                                    return_dtype=pl.String).alias("labels"),
+                           _teacher_expr(),
+                           pl.col("targets").replace_strict({"progress": 0}, default=1, return_dtype=pl.Int64)
+                           .alias("_labels"),
+                           pl.col("distill").replace_strict({"ema": 0, "live": 1}, default=2, return_dtype=pl.Int64)
+                           .alias("_teacher")),
+                  on=GROUP, nulls_equal=True)
+            .join(at_train, on=GROUP, how="left", nulls_equal=True)
+            .join(far, on=GROUP, how="left", nulls_equal=True))
+    wide = best_first(wide, summary, ["task", "backbone"], then=()).sort(
+        "task", "backbone", "_labels", "_teacher", maintain_order=True, nulls_last=True)
+    label_cols = _label_columns(wide, ["task", "backbone", "recipe", "labels", "teacher", "config"])
+    frame = _show_config(wide).select(*label_cols, "accuracy at d_train (%)", column, "G", G_INTERP).fill_null(MISSING)
+    note = ("Labels: the states the training data labels (every prefix: progress-aligned targets z_min(ck, d); final "
+            "answer only: z_d). Teacher: prefix self-distillation, where the earlier iterations learn from a teacher "
+            "that reads the prompt truncated after c·k operations (an EMA of the student, or the live student under "
+            "no_grad); \"–\": none. Mean ± std (n) over seeds. " + G_NOTE)
+    return Table("label_free", f"Label-free learning{_task_title(wide)}", frame, (note, *_exclusion_note(summary)))
 
 
 G_INTERVAL = "G 95 % interval"
@@ -479,9 +541,10 @@ def interval_results(summary: Summary) -> Table | None:
 
 
 def build_tables(summary: Summary) -> list[Table]:
-    """Every layout that the sweep's metrics support (halting, ablation and G intervals only when logged)."""
+    """Every layout that the sweep's metrics support (halting, ablation, label-free and G intervals only when
+    logged)."""
     tables = [main_results(summary), scale_results(summary), halting_results(summary), ablation_results(summary),
-              interval_results(summary)]
+              label_free_results(summary), interval_results(summary)]
     return [t for t in tables if t is not None]
 
 
@@ -537,7 +600,8 @@ def to_latex(table: Table) -> str:
 
 def _n_labels(table: Table) -> int:
     """Leading label (left-aligned) columns: the key columns before the first value column."""
-    keys = {"task", "backbone", "recipe", "config", "anchoring", "targets", "stopping", "rule", "test depth", "seed"}
+    keys = {"task", "backbone", "recipe", "config", "anchoring", "targets", "teacher", "labels", "stopping", "signal",
+            "rule", "test depth", "seed"}
     n = 0
     for c in table.frame.columns:
         if c not in keys:

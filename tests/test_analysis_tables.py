@@ -325,3 +325,44 @@ def test_g_intervals_of_a_halting_trial_have_a_row_per_stopping():
     t = tables.interval_results(summary)
     assert "stopping" in t.frame.columns and t.frame.height == 6  # a trial row and a seeds row per stopping
     assert _row(t.frame, stopping=aggregate.BEST_R, seed="0")[tables.G_INTERVAL] == "[2.00, 4.00]"
+
+
+def _label_free_records() -> list[dict]:
+    """sweeps/label_free.py's four recipes on swap_s5 at d_train 4 (par with two seeds), as its trials log them."""
+    runs = [("par", "progress", "none", 0, (1.0, 0.9, 0.6, 0.3)),  # d50 32: G 8
+            ("par", "progress", "none", 1, (1.0, 0.8, 0.4, 0.1)),  # d50 16: G 4
+            ("final_answer", "final", "none", 0, (1.0, 0.3, 0.0, 0.0)),  # G 2
+            ("psd_live", "final", "live", 0, (0.95, 0.4, 0.1, 0.0)),  # G 2
+            ("psd_ema", "final", "ema", 0, (0.9, 0.6, 0.3, 0.0))]  # G 4
+    return [_record(i, recipe, "swap_s5", seed, 4, _acc(SWAP, accs),
+                    {"recipe.targets": targets, "recipe.distill": distill, "recipe.anchoring": "True"})
+            for i, (recipe, targets, distill, seed, accs) in enumerate(runs)]
+
+
+def test_label_free_table_names_each_recipes_labels_and_teacher():
+    """Paper Table 5's layout: labels (every prefix / final answer only) and the PSD teacher per recipe, accuracy in
+    distribution and at the largest multiple, G; labelled first, then the teachers, then no teacher."""
+    summary = _summary(_label_free_records())
+    t = tables.label_free_results(summary)
+    assert t.name == "label_free" and t.title == "Label-free learning (swap_s5)"
+    assert t.frame.columns == ["backbone", "recipe", "labels", "teacher", "accuracy at d_train (%)",
+                               "accuracy at 8× (%)", "G", tables.G_INTERP]
+    assert t.frame.drop("backbone", tables.G_INTERP).rows() == [
+        ("par", "every prefix", "–", "100.0 ± 0.0 (2)", "20.0 ± 14.1 (2)", "6.00 ± 2.83 (2)"),
+        ("psd_ema", "final answer only", "EMA of the student", "90.0 (1)", "0.0 (1)", "4.00 (1)"),
+        ("psd_live", "final answer only", "live student", "95.0 (1)", "0.0 (1)", "2.00 (1)"),
+        ("final_answer", "final answer only", "–", "100.0 (1)", "0.0 (1)", "2.00 (1)")]
+    assert "label_free" in [x.name for x in tables.build_tables(summary)]
+    assert tables._n_labels(t) == 4 and r"\label{tab:label_free}" in tables.to_latex(t)
+    # the ablation table no longer shows psd_* as final_answer twins: its teacher column tells them apart
+    ablation = tables.ablation_results(summary)
+    assert dict(ablation.frame.select("recipe", "teacher").rows()) == {
+        "par": "–", "final_answer": "–", "psd_ema": "EMA of the student", "psd_live": "live student"}
+
+
+def test_no_label_free_table_without_a_distilling_recipe():
+    records = [r for r in _label_free_records() if r["params"]["recipe.distill"] == "none"]
+    summary = _summary(records)
+    assert tables.label_free_results(summary) is None
+    assert "teacher" not in tables.ablation_results(summary).frame.columns
+    assert tables.label_free_results(_summary(_main_records())) is None  # runs without recipe.targets
