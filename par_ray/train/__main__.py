@@ -290,7 +290,7 @@ def _train(argv) -> int:
     import ray.exceptions  # noqa: PLC0415 - heavy imports after validation
     import ray.train  # noqa: PLC0415
 
-    from par_ray.train.trainer import build_trainer, local_ray, repair_run_storage, run_name, sigterm_handler
+    from par_ray.train.trainer import build_trainer, repair_run_storage, run_name, sigterm_handler
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # local mode logs every report at INFO
 
@@ -315,12 +315,11 @@ def _train(argv) -> int:
     # Ray workers print through Train V2's print patch, which echoes each progress line a second time; Ray Train's
     # INFO lines (every report and checkpoint) stay in its log files (LoggingConfig), as in a sweep.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-    ray_instance = contextlib.nullcontext()
-    if cluster != "local":
-        ray_instance = joined(cluster)  # prints "Ray: joined ADDRESS"
-    elif not (local or ray.is_initialized()):
+    if not (local or ray.is_initialized()) and cluster == "local":
         print(f"Ray: starting a local instance for {cfg.train.num_workers} workers", flush=True)
-        ray_instance = local_ray(num_cpus=None, logging_level="WARNING")
+    # "Ray: joined ADDRESS" or "Ray: started a local cluster (N CPU, M GPU)"; a Ray this process started already is
+    # used as it is
+    ray_instance = contextlib.nullcontext() if local else joined(cluster)
     try:
         with sigterm_handler(_stop_as_ctrl_c), ray_instance:  # SIGTERM while Ray starts, too
             trainer = build_trainer(cfg, name, storage_path=storage, local=local, export_dir=partial,
