@@ -1,7 +1,9 @@
 """``python -m analysis --experiment NAME [--parent-run ID] [--tracking-uri URI] --out DIR``.
 
 Parse, call :func:`analysis.report.analyze`, print the main table and where the files went. Bad input (unknown
-experiment or parent run, no trial runs) ends with one ``error: --flag: ...`` line and exit status 2.
+experiment or parent run, no trial runs, a tracking URI that is no store or a server that does not answer, an --out
+that cannot be a folder) ends with one ``error: --flag: ...`` line and exit status 2; a write that fails, with one
+``error:`` line and status 1.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 
 from analysis.load import AnalysisError
 from analysis.report import analyze
+from par_ray.tracking import check_store
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +42,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unwritable_folder(path: str) -> str | None:
+    """Why ``path`` cannot be (made) a folder to write in, or ``None``: it is a file, or the nearest folder that
+    exists on its way is not writable (nothing is created here)."""
+    target = os.path.abspath(path)
+    if os.path.exists(target) and not os.path.isdir(target):
+        return f"{path} is a file, not a folder"
+    existing = target
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot write in {existing}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse, analyse, print the main table and where the files went; bad input → one ``error:`` line, status 2."""
     parser = build_parser()
@@ -52,11 +71,21 @@ def main(argv: list[str] | None = None) -> int:
         # MLflow would create the folder and an empty store there, then report no such experiment
         flag = "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI"
         parser.error(f"{flag}: no MLflow store at {uri} (a sweep's is sqlite:///<its --storage>/mlflow.db)")
+    try:  # a server that does not answer (MLflow would retry it for minutes), a path, a file that is no store
+        check_store(uri)
+    except ValueError as e:
+        parser.error(f"{'--tracking-uri' if args.tracking_uri else 'MLFLOW_TRACKING_URI'}: {e}")
+    out_problem = _unwritable_folder(args.out)
+    if out_problem:
+        parser.error(f"--out: {out_problem}")
     try:
         result = analyze(args.experiment, args.parent_run, args.tracking_uri, args.out,
                          log_artifacts=not args.no_log)
     except AnalysisError as e:
         parser.error(str(e))
+    except OSError as e:  # the tables could not be written (a full disk, a folder the OS refuses)
+        print(f"error: {e.strerror or e}: {e.filename or args.out}", file=sys.stderr)
+        return 1
     print(result["main_table"])
     if "plan_vs_actual" in result["tables"]:  # the sweep's planned vs actual cost (analysis.cost)
         print(result["tables"]["plan_vs_actual"]["md"].read_text(encoding="utf-8"))

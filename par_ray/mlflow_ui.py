@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m par_ray.mlflow_ui
         p.error("--storage: give the sweep's storage folder (or --backend-store-uri and --artifacts)")
     storage = Path(args.storage or ".").expanduser().resolve()
     backend = args.backend_store_uri or f"sqlite:///{storage / 'mlflow.db'}"
+    if "://" not in backend:  # MLflow would take a path for its retired file store
+        p.error(f"--backend-store-uri: {backend} is a path, not a store URI; a sweep's store is "
+                f"sqlite:///{Path(backend).expanduser().resolve()} (or pass --storage with its folder)")
     if backend.startswith("sqlite:///") and not Path(backend[len("sqlite:///"):]).exists():
         p.error(f"--storage: no MLflow store at {backend}")
     artifacts = args.artifacts or str(storage / "mlartifacts")

@@ -145,6 +145,62 @@ def tracking_uri(flag: str | None, storage: str) -> str:
     return "sqlite:///" + str(Path(storage).expanduser().resolve() / "mlflow.db")
 
 
+SERVER_PROBE_S = 10.0
+"""How long :func:`check_store` waits for an MLflow server's answer (seconds)."""
+
+
+def check_store(uri: str, timeout_s: float = SERVER_PROBE_S) -> None:
+    """Reach the tracking store at ``uri`` once, before anything starts, so that a wrong URI is one line at once
+    (MLflow's client retries a server that does not answer for about 4 minutes, silently, and an unknown scheme is
+    only found at the first call).
+
+    - ``http(s)://``: the server must answer ``GET <uri>/health`` within ``timeout_s``, with 200 (an MLflow server)
+      or 401 / 403 (one behind a login);
+    - a path or ``file:`` URI: refused (MLflow's file store is retired; a store is ``sqlite:///<path>/mlflow.db``);
+    - ``sqlite:///PATH``: a file that exists must be an MLflow store (one that does not exist is created by the
+      caller);
+    - any other scheme (a database server, Databricks): MLflow must know it and the store must answer one call.
+
+    Raises ``ValueError`` with one sentence (no flag: the caller names its own)."""
+    from urllib.error import HTTPError
+    from urllib.parse import urlparse
+    from urllib.request import urlopen
+
+    scheme = urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        try:
+            with urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
+                return
+        except HTTPError as e:
+            if e.code in (401, 403):
+                return
+            raise ValueError(f"the server at {uri} is no MLflow server (GET {uri.rstrip('/')}/health: HTTP {e.code}); "
+                             f"check the address") from None
+        except (OSError, ValueError) as e:  # URLError, a timeout, a malformed address
+            reason = getattr(e, "reason", e)
+            raise ValueError(f"no MLflow server answers at {uri} ({reason}); start one (`python -m par_ray.tracking "
+                             f"ui`, `mlflow server`) or check the address") from None
+    if scheme in ("", "file"):
+        path = urlparse(uri).path if scheme == "file" else uri
+        raise ValueError(f"{uri} is a path, not a tracking URI (MLflow's file store is retired): a sweep's store is "
+                         f"sqlite:///<its --storage>/mlflow.db"
+                         + (f", e.g. sqlite:///{Path(path).expanduser().resolve()}" if path.endswith(".db") else ""))
+    if scheme == "sqlite" and not Path(uri[len("sqlite:///"):]).exists():
+        return
+    from mlflow.tracking import MlflowClient
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+
+    logging.getLogger("mlflow.store.db.utils").addFilter(_RERAISED)
+    try:
+        MlflowClient(uri).search_experiments(max_results=1)
+    except UnsupportedModelRegistryStoreURIException:  # MLflow's registry knows no store of that scheme
+        raise ValueError(f"{uri}: {scheme!r} is no tracking store scheme MLflow knows; use sqlite:///PATH/mlflow.db, an "
+                         f"http(s):// MLflow server, or a database URI such as postgresql://") from None
+    except Exception as e:  # noqa: BLE001 - MLflow's or SQLAlchemy's error of a store that does not open
+        raise ValueError(f"the tracking store at {uri} does not open: {TrackingStoreError.of(e, uri).strerror}"
+                         ) from None
+
+
 def artifact_root(uri: str) -> str | None:
     """Artifact location of new experiments: ``mlartifacts/`` beside a SQLite store (not the process's working
     directory, which under ``ray job submit`` is temporary); ``None`` (the server's or store's default) otherwise."""

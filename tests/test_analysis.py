@@ -497,6 +497,29 @@ def test_bad_input_names_the_flag(store, tmp_path):
     assert e.value.code == 2 and not (tmp_path / "typo").exists()
 
 
+def test_a_tracking_uri_or_out_folder_that_cannot_work_is_one_line_naming_the_flag(store, tmp_path, capsys):
+    """A plain path for --tracking-uri (MLflow's retired file store: a traceback), a server that does not answer (four
+    silent minutes of MLflow's retries, then a traceback), an --out that is a file or lies under one (a
+    FileExistsError traceback after the analysis ran): one ``error:`` line each, exit 2, nothing written."""
+    import socket
+
+    (tmp_path / "afile").write_text("x")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    db = store["uri"][len("sqlite:///"):]
+    for args, words in (
+            (["--tracking-uri", db], f"--tracking-uri: {db} is a path, not a tracking URI"),
+            (["--tracking-uri", f"http://127.0.0.1:{closed}"], "--tracking-uri: no MLflow server answers at"),
+            (["--tracking-uri", store["uri"], "--out", str(tmp_path / "afile")], "--out: "),
+            (["--tracking-uri", store["uri"], "--out", str(tmp_path / "afile" / "x")], "--out: ")):
+        with pytest.raises(SystemExit) as e:
+            main(["--experiment", EXPERIMENT, "--out", str(tmp_path / "o"), *args, "--no-log"])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert e.value.code == 2 and words in err, err
+    assert "afile is a file, not a folder" in err and not (tmp_path / "o").exists()
+
+
 def test_bootstrap_ci_equals_plain_percentile_bootstrap():
     rng = np.random.default_rng(3)
     frame = pl.DataFrame({"g": np.repeat(np.arange(40), 5)[:-3], "x": rng.random(197)})  # the last group has 2 rows

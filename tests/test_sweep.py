@@ -190,6 +190,30 @@ def test_run_sweep_refuses_bad_input_before_starting_ray(tmp_path, monkeypatch):
     assert not ray.is_initialized()
 
 
+def test_a_tracking_store_that_does_not_open_is_one_line_before_ray_starts(tmp_path, monkeypatch, capsys):
+    """A server that does not answer (MLflow's client retried it for ~4 minutes, silently, after Ray had started),
+    a scheme MLflow does not know (found only after Ray had started, exit 1), a path: one line, exit 2, no Ray."""
+    import socket
+
+    import ray
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    for uri, words in ((f"http://127.0.0.1:{port}", f"no MLflow server answers at http://127.0.0.1:{port}"),
+                       ("bogus://x", "'bogus' is no tracking store scheme MLflow knows"),
+                       (str(tmp_path / "mlflow.db"), "is a path, not a tracking URI")):
+        assert sweep.main(SweepSpec(name="x"), ["--preset", "local", "--storage", str(tmp_path / "s"),
+                                                "--mlflow-uri", uri]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --mlflow-uri: ") and words in err and err.count("\n") == 1, err
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "bogus://x")
+    with pytest.raises(SweepConfigError, match="^MLFLOW_TRACKING_URI: bogus://x: 'bogus' is no"):
+        sweep.run_sweep(SweepSpec(name="x"), Options(preset="local", storage=str(tmp_path / "s")))
+    assert not ray.is_initialized() and not (tmp_path / "s").exists()
+
+
 @pytest.mark.parametrize("argv,flag,words", [
     (["--backbones", "tiny-qwen2,nope"], "--backbones", "unknown backbone"),
     (["--seeds", "a,b"], "--seeds", "comma-separated integers"),

@@ -301,3 +301,55 @@ def test_a_trial_stopped_early_ends_finished_and_says_where_it_stopped(tmp_path)
     assert tracking.TAG_STOPPED_EARLY not in done.data.tags
     assert not t.client.get_metric_history(runs["stopped"], tracking.CURVE_BY_DEPTH)
     assert t.client.get_metric_history(runs["done"], tracking.CURVE_BY_DEPTH)
+
+
+def test_check_store_names_what_is_wrong_with_a_tracking_uri_at_once(tmp_path):
+    """A wrong tracking URI is one sentence before anything starts, never MLflow's minutes of silent retries: a
+    server that refuses, one that answers but is no MLflow server, a path, an unknown scheme, a file that is no
+    SQLite store; an MLflow server, one behind a login, a SQLite store or one still to be created pass."""
+    import http.server
+    import socket
+    import threading
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the handler's API
+            self.send_response({"/health": 200, "/login/health": 401}.get(self.path, 404))
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    (tmp_path / "junk.db").write_bytes(bytes(range(256)) * 16)
+    try:
+        tracking.check_store(url)
+        tracking.check_store(f"{url}/login")
+        tracking.check_store(f"sqlite:///{tmp_path}/new/mlflow.db")
+        assert not (tmp_path / "new").exists()
+        for uri, words in ((f"http://127.0.0.1:{closed}", f"no MLflow server answers at http://127.0.0.1:{closed}"),
+                           (f"{url}/elsewhere", f"the server at {url}/elsewhere is no MLflow server (GET "
+                                                f"{url}/elsewhere/health: HTTP 404)"),
+                           (str(tmp_path / "mlflow.db"), f"e.g. sqlite:///{tmp_path}/mlflow.db"),
+                           (f"file://{tmp_path}", "is a path, not a tracking URI"),
+                           ("bogus://x", "'bogus' is no tracking store scheme MLflow knows"),
+                           (f"sqlite:///{tmp_path}/junk.db", "does not open: MLflow tracking store: file is not a "
+                                                             "database")):
+            with pytest.raises(ValueError) as e:
+                tracking.check_store(uri, timeout_s=5)
+            assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+    finally:
+        httpd.shutdown()
+
+
+def test_ui_command_refuses_a_path_as_backend_store_uri(tmp_path, capsys):
+    """A path (MLflow would take it for its retired file store and print its "maintenance mode" notice) is refused
+    with the URI to use instead."""
+    with pytest.raises(SystemExit) as e:
+        mlflow_ui.main(["ui", "--backend-store-uri", str(tmp_path / "mlflow.db")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"is a path, not a store URI; a sweep's store is sqlite:///{tmp_path}/mlflow.db" in err

@@ -343,6 +343,12 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     if not opts.resume and _exists(experiment_path):
         raise SweepConfigError(f"--storage: a sweep {spec.name!r} already exists at {experiment_path}; pass --resume "
                                f"to continue it or choose another --storage")
+    try:  # a server that does not answer, an unknown scheme, a file that is no store: one line before Ray starts
+        tracking.check_store(uri)
+    except ValueError as e:
+        flag = ("--mlflow-uri" if opts.mlflow_uri else "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI")
+                else "--storage")
+        raise SweepConfigError(f"{flag}: {e}; nothing was started") from None
     if opts.resume:
         plan = _check_resume(spec, opts, experiment_path, uri, plan)
 
