@@ -446,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "all CPUs, as a local sweep of 1-CPU trials runs them)")
     what.add_argument("--seconds", type=float, default=2.0, help="measuring time (default 2)")
     out = ap.add_argument_group("output")
-    out.add_argument("--out", help="write the price file here (default: print it)")
+    out.add_argument("--out", help="write the price file here, its folder made if need be (default: print it)")
     return ap
 
 
@@ -455,6 +455,13 @@ def main(argv: list[str] | None = None) -> int:
     file for the sweeps' ``--prices``."""
     ap = build_parser()
     args = ap.parse_args(argv)
+    if args.out:  # before measuring: its folder is made (runs/cpu.json in a fresh clone), a folder is no file
+        if os.path.isdir(args.out):
+            ap.error(f"--out: {args.out} is a folder; name the price file, e.g. {os.path.join(args.out, 'cpu.json')}")
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        except OSError as e:
+            ap.error(f"--out: cannot make the folder of {args.out} ({e.strerror})")
     try:
         peak = measure_cpu_peak(args.workers, args.seconds)
     except ValueError as e:

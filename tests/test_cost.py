@@ -412,7 +412,7 @@ def test_gpu_check_json_sets_the_measured_training_mfu(tmp_path):
 # The sweeps: dry-run table, --max-usd
 
 def test_measured_cpu_peak_becomes_the_cpu_workers_peak(tmp_path, capsys):
-    out = tmp_path / "cpu.json"
+    out = tmp_path / "runs" / "cpu.json"  # docs/cost.md's command in a fresh clone: runs/ does not exist yet
     assert hardware.main(["--measure-cpu", "--workers", "1", "--seconds", "0.05", "--out", str(out)]) == 0
     assert "GFLOP/s per core with 1 busy" in capsys.readouterr().out
     table = hardware.load_table(str(out))
@@ -422,6 +422,9 @@ def test_measured_cpu_peak_becomes_the_cpu_workers_peak(tmp_path, capsys):
     assert c.peak_flops == pytest.approx(cpu.peak_tflops * 1e12)  # one thread per worker
     with pytest.raises(ValueError, match="workers: must be in 1"):
         hardware.measure_cpu_peak(workers=0)
+    with pytest.raises(SystemExit) as e:  # a folder: refused before measuring, not an IsADirectoryError after it
+        hardware.main(["--measure-cpu", "--workers", "1", "--seconds", "0.05", "--out", str(tmp_path)])
+    assert e.value.code == 2 and f"--out: {tmp_path} is a folder" in capsys.readouterr().err
 
 
 def test_dry_run_prints_the_cost_table(capsys, tmp_path):
