@@ -112,6 +112,7 @@ import sys
 from dataclasses import dataclass
 
 from par_ray.accelerators import GPU_MEMORY_GB  # re-exported: GPU type -> GB, beside the plans that use it
+from par_ray.cli_args import positive_float, positive_int
 from par_ray.config import STRATEGIES, TrialConfig
 from par_ray.model.registry import BACKBONES
 from par_ray.schedules import iterations_at
@@ -710,26 +711,6 @@ def format_table(table: dict[float, dict[str, dict[str, int | None]]], max_gpus:
 # ----------------------------------------------------------------------------------------------------------------------
 # CLI
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m par_ray.planner`` argument parser, built without running anything (grouped flags, examples)."""
     ap = argparse.ArgumentParser(
@@ -745,24 +726,24 @@ def build_parser() -> argparse.ArgumentParser:
     one = ap.add_argument_group("one plan")
     one.add_argument("--backbone", choices=sorted(BACKBONES), help="registry name (required unless --table)")
     one.add_argument("--strategy", choices=STRATEGIES, help="data-parallel strategy (required unless --table)")
-    one.add_argument("--world-size", type=_positive_int, default=1, help="GPUs (data-parallel ranks)")
+    one.add_argument("--world-size", type=positive_int, default=1, help="GPUs (data-parallel ranks)")
     one.add_argument("--zero-stage", type=int, choices=ZERO_STAGES, default=2, help="DeepSpeed ZeRO stage")
     one.add_argument("--offload", action="store_true", help="DeepSpeed ZeRO-Offload of optimizer state to CPU")
     table = ap.add_argument_group("the table instead")
     table.add_argument("--table", action="store_true", help="smallest GPU count per Qwen size and strategy")
-    table.add_argument("--max-gpus", type=_positive_int, default=1024, help="largest GPU count --table searches")
+    table.add_argument("--max-gpus", type=positive_int, default=1024, help="largest GPU count --table searches")
     work = ap.add_argument_group("the workload (both)")
-    work.add_argument("--R", type=_positive_int, default=32, help="core iterations per step")
-    work.add_argument("--grad-window", type=_positive_int, default=8, help="iterations run with autograd")
-    work.add_argument("--micro-batch", type=_positive_int, default=4, help="sequences per GPU")
-    work.add_argument("--seq-len", type=_positive_int, default=64, help="tokens per sequence")
-    work.add_argument("--read-positions", type=_positive_int, default=5, help="answers read per sequence (Q)")
-    work.add_argument("--vocab-size", type=_positive_int, default=None,
+    work.add_argument("--R", type=positive_int, default=32, help="core iterations per step")
+    work.add_argument("--grad-window", type=positive_int, default=8, help="iterations run with autograd")
+    work.add_argument("--micro-batch", type=positive_int, default=4, help="sequences per GPU")
+    work.add_argument("--seq-len", type=positive_int, default=64, help="tokens per sequence")
+    work.add_argument("--read-positions", type=positive_int, default=5, help="answers read per sequence (Q)")
+    work.add_argument("--vocab-size", type=positive_int, default=None,
                       help="override the checkpoint's vocabulary (random-init shapes use the task's)")
-    work.add_argument("--untied-copies", type=_positive_int, default=None,
+    work.add_argument("--untied-copies", type=positive_int, default=None,
                       help="untied baseline with this many core copies (default: weight-tied core)")
     work.add_argument("--dtype", choices=DTYPES, default="bf16", help="bf16 on GPUs, fp32 as on CPU")
-    work.add_argument("--gpu-memory-gb", type=_positive_float, default=None,
+    work.add_argument("--gpu-memory-gb", type=positive_float, default=None,
                       help="GPU memory in GB (default 80; --table: both 80 and 141)")
     return ap
 

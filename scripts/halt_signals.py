@@ -28,6 +28,7 @@ import json
 
 import torch
 
+from par_ray.cli_args import positive_int, positive_ints
 from par_ray.evaluation import halting_by_depth
 from par_ray.halting import halt_tokens
 from par_ray.tasks import build_task
@@ -38,6 +39,10 @@ RULES = ((6, 8, 0.5), (1, 1, 0.5), (6, 8, 0.7))
 """The paper's rule, the first crossing, and the stricter threshold."""
 
 
+class NoHaltingSignal(ValueError):
+    """The run was trained without a read-out this script compares (the halting query, the pending class)."""
+
+
 def signals(run: str, depths: list[int], n: int) -> list[dict]:
     """Rows of the table for one trained run (see the module docstring): one ``halting_by_depth`` pass with
     ``pending_id``, the rules :data:`RULES` (the first as the primary rule), all ``n`` sequences in one chunk."""
@@ -45,11 +50,11 @@ def signals(run: str, depths: list[int], n: int) -> list[dict]:
     cfg, model = trained.config, trained.model
     trial = resolve(cfg)
     if not trial.halting:
-        raise ValueError(f"{run}: trained without recipe.halting, so it has no halting query to read")
+        raise NoHaltingSignal(f"{run}: trained without recipe.halting, so it has no halting query to read")
     task = build_task(cfg.task)
     pending_id = trial.vocab.pending_id  # the class after the dense state classes
     if pending_id is None:
-        raise ValueError(f"{run}: the pending signal needs recipe.dense_targets and recipe.dense_pending")
+        raise NoHaltingSignal(f"{run}: the pending signal needs recipe.dense_targets and recipe.dense_pending")
     c = cfg.recipe.ops_per_iteration
     (k0, n0, tau0), *extra = RULES
     # halt_max_iterations 0: R_max = 2 × ⌈largest of these depths / c⌉, whatever the trial evaluated with
@@ -82,9 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                "\nexample:\n  python scripts/halt_signals.py runs/halt-s0 --depths 6,12,24")
     ap.add_argument("runs", nargs="+", help="run or checkpoint directories (par_ray.train.checkpoint.load_trained)")
     probe = ap.add_argument_group("what to probe")
-    probe.add_argument("--depths", default="6,12,24", help="comma-separated test depths")
-    probe.add_argument("-n", type=int, default=256, help="sequences per depth")
-    probe.add_argument("--threads", type=int, default=1, help="torch threads")
+    probe.add_argument("--depths", type=positive_ints, default=(6, 12, 24), help="comma-separated test depths")
+    probe.add_argument("-n", type=positive_int, default=256, help="sequences per depth")
+    probe.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     out = ap.add_argument_group("output")
     out.add_argument("--out", help="write the rows as JSON to this path")
     return ap
@@ -96,8 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
-        rows = [r for run in args.runs for r in signals(run, [int(d) for d in args.depths.split(",")], args.n)]
-    except FileNotFoundError as e:  # not a checkpoint or run directory: one line, exit 2
+        rows = [r for run in args.runs for r in signals(run, list(args.depths), args.n)]
+    except (FileNotFoundError, NoHaltingSignal) as e:  # no run there, or one trained without what it reads: one line
         ap.error(str(e))
     print("| seed | signal | rule | depth | halting (%) | oracle (%) | gap (pts) | R − R* | never halted (%) |")
     print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -20,6 +20,7 @@ import argparse
 
 import torch
 
+from par_ray.cli_args import positive_floats, positive_int
 from par_ray.train.checkpoint import load_trained, trained_task
 from par_ray.trial import resolve
 
@@ -34,11 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
                "\nexample:\n  python scripts/probe_depths.py runs/par-s0 --max-depth 32")
     p.add_argument("run", help="run directory of python -m par_ray.train, or any checkpoint directory")
     probe = p.add_argument_group("what to probe")
-    probe.add_argument("--max-depth", type=int, default=32, help="depth curve from 1 to this depth (default 32)")
-    probe.add_argument("--iteration-depth", type=int, default=16,
+    probe.add_argument("--max-depth", type=positive_int, default=32, help="depth curve from 1 to this depth (default 32)")
+    probe.add_argument("--iteration-depth", type=positive_int, default=16,
                        help="the depth whose per-iteration accuracy is shown (default 16)")
-    probe.add_argument("-n", type=int, default=256, help="sequences per depth (default 256)")
-    probe.add_argument("--slack", default="",
+    probe.add_argument("-n", type=positive_int, default=256, help="sequences per depth (default 256)")
+    probe.add_argument("--slack", type=positive_floats, default=(),
                        help="comma-separated factors f (e.g. 1,1.5,2,3): also print full-state accuracy after R = "
                             "f·⌈d/c⌉ iterations at depths d_train × 1, 2, 3, 4, 6, 8 (test-time slack: does the "
                             "model compute the right answer with more iterations than operations?)")
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"frontier speed: {frontier_speed(frontier):.2f} operations per iteration (c = {c})")
             print(frontier_diagnosis(frontier, cfg.task.train_depth, c, d))
         if args.slack:
-            factors = [float(f) for f in args.slack.split(",")]
+            factors = args.slack
             print(f"\ntest-time slack: full-state accuracy after R = f × ceil(d/c) iterations ({args.n} sequences)")
             print("depth " + " ".join(f"{f'f={f:g}':>7}" for f in factors))
             for m in (1, 2, 3, 4, 6, 8):

@@ -21,6 +21,11 @@ def test_probe_prints_depth_curve_iterations_diagnosis_and_frontier(tmp_path):
                  "test-time slack", "    f=1     f=2"):
         assert line in text, (line, text)
     assert len([ln for ln in text.splitlines() if ln.split()[:1] == ["24"]]) == 1  # d_train 3 × 8
+    # the run has no halting read-out: halt_signals says so in one line (it was a traceback)
+    r = subprocess.run([sys.executable, "scripts/halt_signals.py", str(out), "--depths", "3"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"error: {out}: trained without recipe.halting" in r.stderr
 
 
 def test_halt_signals_tabulates_the_query_and_the_pending_signal(tmp_path):
@@ -59,3 +64,19 @@ def test_the_scripts_refuse_a_path_that_is_no_run_in_one_line(tmp_path):
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 2, (script, r.stderr[-2000:])
         assert "Traceback" not in r.stderr and f"error: {snapshot}" in r.stderr, (script, r.stderr[-2000:])
+
+
+def test_the_scripts_refuse_bad_values_in_one_line_before_loading_anything(tmp_path):
+    """``-n 0``, ``--iteration-depth 0``, ``--slack 1,x``, ``--max-depth 0`` (an empty table), ``--depths 6,x``: argparse's
+    one line naming the flag, exit 2 (they were tracebacks from the task sampler, or nothing at all)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    for script, args, flag in (("probe_depths.py", ["-n", "0"], "-n"),
+                               ("probe_depths.py", ["--iteration-depth", "0"], "--iteration-depth"),
+                               ("probe_depths.py", ["--max-depth", "0"], "--max-depth"),
+                               ("probe_depths.py", ["--slack", "1,x"], "--slack"),
+                               ("halt_signals.py", ["--depths", "6,x"], "--depths"),
+                               ("halt_signals.py", ["-n", "-1"], "-n")):
+        r = subprocess.run([sys.executable, f"scripts/{script}", str(tmp_path), *args], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (script, args, r.stderr[-2000:])
+        assert f"error: argument {flag}" in r.stderr, (script, args, r.stderr[-2000:])
