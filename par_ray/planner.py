@@ -727,7 +727,8 @@ def build_parser() -> argparse.ArgumentParser:
     one.add_argument("--backbone", choices=sorted(BACKBONES), help="registry name (required unless --table)")
     one.add_argument("--strategy", choices=STRATEGIES, help="data-parallel strategy (required unless --table)")
     one.add_argument("--world-size", type=positive_int, default=1, help="GPUs (data-parallel ranks)")
-    one.add_argument("--zero-stage", type=int, choices=ZERO_STAGES, default=2, help="DeepSpeed ZeRO stage")
+    one.add_argument("--zero-stage", type=int, choices=ZERO_STAGES, default=None,
+                     help="DeepSpeed ZeRO stage (--strategy deepspeed; default 2)")
     one.add_argument("--offload", action="store_true", help="DeepSpeed ZeRO-Offload of optimizer state to CPU")
     table = ap.add_argument_group("the table instead")
     table.add_argument("--table", action="store_true", help="smallest GPU count per Qwen size and strategy")
@@ -762,6 +763,15 @@ def main(argv: list[str] | None = None) -> int:
                     read_positions=args.read_positions, dtype=args.dtype, vocab_size=args.vocab_size)
     if args.untied_copies is not None:
         workload.update(tied=False, untied_copies=args.untied_copies)
+    if args.grad_window > args.R:
+        ap.error(f"--grad-window: {args.grad_window} is more than --R {args.R} (the window is at most R iterations)")
+    one_plan = [flag for flag, given in (("--backbone", args.backbone), ("--strategy", args.strategy),
+                                         ("--world-size", args.world_size != 1), ("--zero-stage", args.zero_stage),
+                                         ("--offload", args.offload)) if given]
+    if args.table and one_plan:
+        ap.error(f"{one_plan[0]}: --table plans every Qwen size and strategy; drop {', '.join(one_plan)} or --table")
+    if args.zero_stage is not None and args.strategy != "deepspeed":
+        ap.error(f"--zero-stage: only --strategy deepspeed has ZeRO stages (got --strategy {args.strategy})")
     try:
         if args.table:
             sizes = (args.gpu_memory_gb,) if args.gpu_memory_gb else GPU_SIZES_GB
@@ -770,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.backbone is None or args.strategy is None:
             ap.error("--backbone and --strategy are required unless --table is given")
-        p = plan(args.backbone, args.strategy, args.world_size, zero_stage=args.zero_stage, offload=args.offload,
+        p = plan(args.backbone, args.strategy, args.world_size, zero_stage=args.zero_stage or 2, offload=args.offload,
                  **workload)
     except ValueError as e:
         lines = str(e).splitlines()

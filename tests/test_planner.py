@@ -210,6 +210,10 @@ def test_cli_prints_the_plan(capsys):
     (["--backbone", "qwen2.5-7b", "--strategy", "fsdp", "--offload"], "--offload"),
     (["--backbone", "qwen2.5-7b", "--strategy", "ddp", "--gpu-memory-gb", "-1"], "--gpu-memory-gb"),
     (["--strategy", "ddp"], "--backbone"),
+    # a flag that would not change the plan is refused, not ignored
+    (["--backbone", "qwen2.5-7b", "--strategy", "ddp", "--zero-stage", "3"], "--zero-stage"),
+    (["--backbone", "qwen2.5-7b", "--strategy", "ddp", "--R", "4", "--grad-window", "8"], "--grad-window"),
+    (["--table", "--backbone", "qwen2.5-7b"], "--backbone"),
 ])
 def test_cli_bad_input_is_one_clear_error(capsys, argv, flag):
     with pytest.raises(SystemExit) as e:
