@@ -2,9 +2,10 @@
 
 :func:`analyze` is what ``python -m analysis`` and the sweep scripts (at their end) call. Outputs in ``out_dir``:
 
-- tables: ``main_results``, ``scale``, and when logged ``halting``, ``ablation``, ``G_intervals`` (each trial's G
-  and interpolated G with their 95 % intervals, the seed spread beside them) and ``plan_vs_actual`` (each
-  trial's planned vs actual device-hours and wall time, :mod:`analysis.cost`), each as ``.md``, ``.csv``, ``.tex``
+- tables: ``main_results``, ``scale``, and when logged ``halting``, ``ablation``, ``label_free``, ``G_intervals``
+  (each trial's G and interpolated G with their 95 % intervals, the seed spread beside them) and
+  ``plan_vs_actual`` (each trial's planned vs actual device-hours and wall time, :mod:`analysis.cost`), each as
+  ``.md``, ``.csv``, ``.tex``
   (:mod:`analysis.tables`);
 - figures: ``accuracy_<task>_<backbone>.png``, ``G_<task>.png``, ``rms_<task>.png``, ``halt_prob_<task>.png``
   (:mod:`analysis.plots`);
@@ -13,7 +14,8 @@
   ``G_by_stopping.csv`` (halting trials: R = ⌈d/c⌉, own halting, best R), ``per_seed_intervals.csv`` (every trial's 95 %
   intervals, ``aggregate.g_intervals``), ``interval_spread.csv`` (``aggregate.interval_spread``),
   ``iterations.csv`` (each only when it has rows; ``trials.csv`` always),
-  ``cost_overrides.json`` (the MFU the trials reached per device, for the sweeps' ``--prices``);
+  ``cost_overrides.json`` (the MFU the trials reached per device, for the sweeps' ``--prices``; not after a smoke
+  test, whose few steps measure start-up, not MFU);
   ``summary.md`` gathers the tables and the warnings.
 
 Every file is then logged as an artifact of the parent run, under ``analysis/``. The parent run is the one given,
@@ -29,6 +31,7 @@ import polars as pl
 
 from analysis import aggregate, load, plots, tables
 from analysis import cost as plan_cost
+from par_ray import tracking_schema
 
 ARTIFACT_DIR = "analysis"
 """Artifact folder of the parent run that receives the outputs."""
@@ -79,9 +82,14 @@ def analyze(experiment: str, parent_run_id: str | None = None, tracking_uri: str
     written = tables.write_tables(built, out)
     figures = plots.plot_all(summary, out)
     data = _write_data(frames, summary, out)
-    overrides = plan_cost.write_overrides(plan_cost.measured_overrides(costs, f"{experiment} (python -m analysis)"),
-                                          out)
-    data += [overrides] if overrides else []
+    smoke = target is not None and client.get_run(target).data.tags.get(tracking_schema.TAG_SMOKE_TEST) == "true"
+    if smoke:  # a few steps: start-up and compilation dominate, the MFU says nothing about real trials
+        warnings.append(f"a smoke test's trials are too short to measure MFU: no {plan_cost.OVERRIDES_FILE} for "
+                        f"--prices")
+    else:
+        overrides = plan_cost.write_overrides(
+            plan_cost.measured_overrides(costs, f"{experiment} (python -m analysis)"), out)
+        data += [overrides] if overrides else []
     main_md = tables.to_markdown(built[0])
     report = out / "summary.md"
     report.write_text(_summary_markdown(experiment, frames, built, warnings), encoding="utf-8")

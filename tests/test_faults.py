@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from par_ray import presets, sweep, tracking
+from par_ray import presets, sweep, tracking, tracking_schema
 from par_ray.sweep import Options, SweepConfigError, SweepSpec
 
 
@@ -536,15 +536,15 @@ def test_an_oserror_reaching_the_sweep_driver_is_one_error_line(monkeypatch, cap
 # ----------------------------------------------------------------------------------------------------------------
 # Issue 39: remote storage's analysis, a full tracking store, a damaged checkpoint of the right size
 
-def _finished_trial(tracker, trial_id: str, seed: int = 0) -> None:
+def _finished_trial(tracker, trial_id: str, seed: int = 0, seconds: tuple[float, float] = (30.0, 5.0)) -> None:
     """A child run as the sweep leaves a finished trial: its cost plan as params, its final report (measured device
-    seconds included), its artifacts."""
+    seconds of training and evaluation, ``seconds``, included), its artifacts."""
     from par_ray.sweep.run import _planned
 
     cfg = _cfg(seed)
     tracker.start_trial(trial_id, cfg, params=_planned(cfg, None))
     final = {"step": cfg.train.steps, "loss": 0.5, "G": 1.0, "G_censored": 1.0, "chance": 0.1,
-             "gpu_seconds_train": 30.0, "gpu_seconds_eval": 5.0, "train_seconds": 30.0,
+             "gpu_seconds_train": seconds[0], "gpu_seconds_eval": seconds[1], "train_seconds": seconds[0],
              **{f"acc_d{d}": 1.0 for d in cfg.eval.depths}, **{f"acc_query_d{d}": 1.0 for d in cfg.eval.depths}}
     tracker.log_metrics(trial_id, final, cfg.train.steps)
     tracker.finish_trial(trial_id, cfg, final, "FINISHED")
@@ -564,6 +564,24 @@ def test_the_analysis_without_a_local_folder_prints_its_tables_and_logs_them(tmp
     assert f"analysis: tables and figures logged to parent run {tracker.parent_run_id}" in out
     logged = {a.path for a in tracker.client.list_artifacts(tracker.parent_run_id, "analysis")}
     assert "analysis/plan_vs_actual.md" in logged
+
+
+def test_a_smoke_tests_analysis_writes_no_measured_mfu_for_prices(tmp_path):
+    """A smoke test's trials run a few steps, whose seconds are start-up: its measured MFU (train 0.19 where real trials
+    reach 0.4) passed to --prices roughly doubled the next plan. Its analysis says so and writes no price file; a
+    real sweep's does."""
+    from analysis.report import analyze
+
+    for smoke in (True, False):
+        tracker = tracking.SweepTracker.open(f"demo{smoke}", str(tmp_path / f"x{smoke}"),
+                                             f"sqlite:///{tmp_path}/mlflow.db",
+                                             tags={tracking_schema.TAG_SMOKE_TEST: str(smoke).lower()})
+        _finished_trial(tracker, "a", seconds=(1800.0, 600.0))  # an MFU in (0, 1]: a price file is written
+        report = analyze(f"par_ray/demo{smoke}", tracker.parent_run_id, tracker.uri, tmp_path / f"out{smoke}",
+                         log_artifacts=False, n_boot=10)
+        written = (tmp_path / f"out{smoke}" / "cost_overrides.json").exists()
+        assert written is not smoke
+        assert any("too short to measure MFU" in w for w in report["warnings"]) is smoke
 
 
 @pytest.fixture
