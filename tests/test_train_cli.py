@@ -25,7 +25,10 @@ PY = sys.executable
     (["--set", "train.lr"], "--set"),
     (["--set", "train.nope=3"], "train.nope"),
     # right type, unusable value (issue 14): rejected before --out is created or a model is built
-    (["--seed", "-1"], "train.seed"),
+    (["--seed", "-1"], "--seed (train.seed): "),  # a field a flag set is named by the flag
+    (["--workers", "0"], "--workers (train.num_workers): must be >= 1"),
+    (["--steps", "0"], "--steps (train.steps): "),
+    (["--set", "train.num_workers=0"], "- train.num_workers: must be >= 1"),  # set by --set: named as set
     (["--pretrained", "/nonexistent/qwen-checkpoint"], "backbone.pretrained"),
     (["--pretrained", "./no/such/dir"], "backbone.pretrained"),
     (["--set", "train.lr=inf"], "train.lr"),
@@ -36,7 +39,7 @@ PY = sys.executable
     (["--set", "eval.halt_rules=4/8"], "eval.halt_rules"),
     # issue 39: an empty value, settings that would silently do nothing or mislead
     (["--set", "backbone.pretrained="], "backbone.pretrained: empty"),
-    (["--pretrained", ""], "backbone.pretrained: empty"),
+    (["--pretrained", ""], "--pretrained (backbone.pretrained): empty"),
     (["--set", "task.curriculum=3", "--set", "task.curriculum_steps=100", "--steps", "100"], "task.curriculum"),
     (["--set", "recipe.position_offset=4096"], "recipe.position_offset"),
     (["--set", "recipe.position_offset=8", "--set", "backbone.position_scheme=none"], "recipe.position_offset"),

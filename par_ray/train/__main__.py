@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -124,23 +125,24 @@ def config_from_args(args):
     backbone = args.backbone or ("qwen2.5-0.5b" if args.preset == "paper" else "tiny-qwen2")
     cfg = presets.preset_trial(args.preset, backbone, args.task, args.seed)
     cfg = apply_recipe(cfg, args.recipe)
-    flat = {"train.seed": args.seed}
-    if args.pretrained is not None:
-        flat["backbone.pretrained"] = args.pretrained
-    if args.train_depth is not None:
-        flat["task.train_depth"] = args.train_depth
+    by_flag = {"--seed": ("train.seed", args.seed), "--pretrained": ("backbone.pretrained", args.pretrained),
+               "--train-depth": ("task.train_depth", args.train_depth), "--steps": ("train.steps", args.steps),
+               "--eval-depths": ("eval.depths", args.eval_depths),
+               "--workers": ("train.num_workers", args.workers if args.workers != 1 else None),
+               "--strategy": ("train.strategy", args.strategy)}
+    flag_of = {field: flag for flag, (field, value) in by_flag.items() if value is not None}
+    flat = {field: by_flag[flag][1] for field, flag in flag_of.items()}
+    if args.train_depth is not None and args.eval_depths is None:
         # the preset's grid at the new d_train: the local fine grid rebuilt to 8×, the paper's 1…16× multiples
         flat["eval.depths"] = presets.scaled_depths(cfg.eval.depths, cfg.task.train_depth, args.train_depth)
-    if args.steps is not None:
-        flat["train.steps"] = args.steps
-    if args.eval_depths is not None:
-        flat["eval.depths"] = args.eval_depths
-    if args.workers != 1:
-        flat["train.num_workers"] = args.workers
-    if args.strategy is not None:
-        flat["train.strategy"] = args.strategy
-    flat.update(parse_overrides(args.set))
-    cfg = validate(from_flat(flat, base=cfg))
+    overrides = parse_overrides(args.set)
+    flat.update(overrides)
+    try:
+        cfg = validate(from_flat(flat, base=cfg))
+    except ValueError as e:  # a field a flag set is named by its flag: "- --workers (train.num_workers): …"
+        named = {field: flag for field, flag in flag_of.items() if field not in overrides}
+        raise ValueError(re.sub(r"^(\s*- )([\w.]+):", lambda m: f"{m[1]}{named[m[2]]} ({m[2]}):" if m[2] in named
+                                else m[0], str(e), flags=re.MULTILINE)) from None
     if cfg.backbone.pretrained is not None:  # offline first: resolved and checked before anything starts
         local = resolve_pretrained(cfg.backbone.pretrained, cfg.backbone.name, args.model_dir)
         cfg = from_flat({"backbone.pretrained": local}, base=cfg)
