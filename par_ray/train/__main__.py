@@ -125,13 +125,13 @@ def config_from_args(args):
     backbone = args.backbone or ("qwen2.5-0.5b" if args.preset == "paper" else "tiny-qwen2")
     cfg = presets.preset_trial(args.preset, backbone, args.task, args.seed)
     cfg = apply_recipe(cfg, args.recipe)
-    by_flag = {"--seed": ("train.seed", args.seed), "--pretrained": ("backbone.pretrained", args.pretrained),
-               "--train-depth": ("task.train_depth", args.train_depth), "--steps": ("train.steps", args.steps),
-               "--eval-depths": ("eval.depths", args.eval_depths),
-               "--workers": ("train.num_workers", args.workers if args.workers != 1 else None),
-               "--strategy": ("train.strategy", args.strategy)}
-    flag_of = {field: flag for flag, (field, value) in by_flag.items() if value is not None}
-    flat = {field: by_flag[flag][1] for field, flag in flag_of.items()}
+    by_flag = {flag: (field, value) for flag, (field, value) in {
+        "--seed": ("train.seed", args.seed), "--pretrained": ("backbone.pretrained", args.pretrained),
+        "--train-depth": ("task.train_depth", args.train_depth), "--steps": ("train.steps", args.steps),
+        "--eval-depths": ("eval.depths", args.eval_depths),
+        "--workers": ("train.num_workers", args.workers if args.workers != 1 else None),
+        "--strategy": ("train.strategy", args.strategy)}.items() if value is not None}
+    flat = dict(by_flag.values())
     if args.train_depth is not None and args.eval_depths is None:
         # the preset's grid at the new d_train: the local fine grid rebuilt to 8×, the paper's 1…16× multiples
         flat["eval.depths"] = presets.scaled_depths(cfg.eval.depths, cfg.task.train_depth, args.train_depth)
@@ -140,7 +140,7 @@ def config_from_args(args):
     try:
         cfg = validate(from_flat(flat, base=cfg))
     except ValueError as e:  # a field a flag set is named by its flag: "- --workers (train.num_workers): …"
-        named = {field: flag for field, flag in flag_of.items() if field not in overrides}
+        named = {field: flag for flag, (field, _) in by_flag.items() if field not in overrides}
         raise ValueError(re.sub(r"^(\s*- )([\w.]+):", lambda m: f"{m[1]}{named[m[2]]} ({m[2]}):" if m[2] in named
                                 else m[0], str(e), flags=re.MULTILINE)) from None
     if cfg.backbone.pretrained is not None:  # offline first: resolved and checked before anything starts
