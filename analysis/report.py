@@ -82,11 +82,9 @@ def analyze(experiment: str, parent_run_id: str | None = None, tracking_uri: str
     written = tables.write_tables(built, out)
     figures = plots.plot_all(summary, out)
     data = _write_data(frames, summary, out)
+    # a smoke test's few steps measure start-up and compilation, not the MFU of real trials: no price file from them
     smoke = target is not None and client.get_run(target).data.tags.get(tracking_schema.TAG_SMOKE_TEST) == "true"
-    if smoke:  # a few steps: start-up and compilation dominate, the MFU says nothing about real trials
-        warnings.append(f"a smoke test's trials are too short to measure MFU: no {plan_cost.OVERRIDES_FILE} for "
-                        f"--prices")
-    else:
+    if not smoke:
         overrides = plan_cost.write_overrides(
             plan_cost.measured_overrides(costs, f"{experiment} (python -m analysis)"), out)
         data += [overrides] if overrides else []

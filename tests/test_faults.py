@@ -568,8 +568,8 @@ def test_the_analysis_without_a_local_folder_prints_its_tables_and_logs_them(tmp
 
 def test_a_smoke_tests_analysis_writes_no_measured_mfu_for_prices(tmp_path):
     """A smoke test's trials run a few steps, whose seconds are start-up: its measured MFU (train 0.19 where real trials
-    reach 0.4) passed to --prices roughly doubled the next plan. Its analysis says so and writes no price file; a
-    real sweep's does."""
+    reach 0.4) passed to --prices roughly doubled the next plan. Its analysis writes no price file (docs/cost.md says
+    why; a console line about it read as a failure to a newcomer); a real sweep's does."""
     from analysis.report import analyze
 
     for smoke in (True, False):
@@ -579,9 +579,8 @@ def test_a_smoke_tests_analysis_writes_no_measured_mfu_for_prices(tmp_path):
         _finished_trial(tracker, "a", seconds=(1800.0, 600.0))  # an MFU in (0, 1]: a price file is written
         report = analyze(f"par_ray/demo{smoke}", tracker.parent_run_id, tracker.uri, tmp_path / f"out{smoke}",
                          log_artifacts=False, n_boot=10)
-        written = (tmp_path / f"out{smoke}" / "cost_overrides.json").exists()
-        assert written is not smoke
-        assert any("too short to measure MFU" in w for w in report["warnings"]) is smoke
+        assert (tmp_path / f"out{smoke}" / "cost_overrides.json").exists() is not smoke
+        assert report["warnings"] == [], report["warnings"]
 
 
 @pytest.fixture
