@@ -194,8 +194,8 @@ def check_store(uri: str, timeout_s: float = SERVER_PROBE_S) -> None:
     try:
         MlflowClient(uri).search_experiments(max_results=1)
     except UnsupportedModelRegistryStoreURIException:  # MLflow's registry knows no store of that scheme
-        raise ValueError(f"{uri}: {scheme!r} is no tracking store scheme MLflow knows; use sqlite:///PATH/mlflow.db, an "
-                         f"http(s):// MLflow server, or a database URI such as postgresql://") from None
+        raise ValueError(f"{uri}: {scheme!r} is no tracking store scheme MLflow knows; use sqlite:///PATH/mlflow.db, "
+                         f"an http(s):// MLflow server, or a database URI such as postgresql://") from None
     except Exception as e:  # noqa: BLE001 - MLflow's or SQLAlchemy's error of a store that does not open
         raise ValueError(f"the tracking store at {uri} does not open: {TrackingStoreError.of(e, uri).strerror}"
                          ) from None

@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                "\nexample:\n  python scripts/probe_depths.py runs/par-s0 --max-depth 32")
     p.add_argument("run", help="run directory of python -m par_ray.train, or any checkpoint directory")
     probe = p.add_argument_group("what to probe")
-    probe.add_argument("--max-depth", type=positive_int, default=32, help="depth curve from 1 to this depth (default 32)")
+    probe.add_argument("--max-depth", type=positive_int, default=32,
+                       help="depth curve from 1 to this depth (default 32)")
     probe.add_argument("--iteration-depth", type=positive_int, default=16,
                        help="the depth whose per-iteration accuracy is shown (default 16)")
     probe.add_argument("-n", type=positive_int, default=256, help="sequences per depth (default 256)")

@@ -132,7 +132,8 @@ def test_search_figures_have_one_series_per_configuration(search_summary, tmp_pa
 def test_a_trial_asha_stopped_is_kept_apart_from_the_aggregates_and_named_so(search_records):
     """ASHA stopped a fourth configuration at its first rung: its run is FINISHED with the tag
     ``par_ray.stopped_early`` (as Ray's MLflow callback ends such a trial; KILLED read as a crash in the UI). Its
-    metrics are from step 2, so no seed of the aggregates (its configuration counts it excluded), and the note names it as stopped early, not KILLED."""
+    metrics are from step 2, so no seed of the aggregates (its configuration counts it excluded), and the note names
+    it as stopped early, not KILLED."""
     stopped = _record(9, "par_hold", "tiny-qwen2", 0, (1.0, 1.0, 1.0, 1.0), {"train.lr": "0.01",
                                                                              "recipe.grad_window": "4"})
     stopped["tags"]["par_ray.stopped_early"] = "step 2 of 4"

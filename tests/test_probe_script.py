@@ -67,8 +67,8 @@ def test_the_scripts_refuse_a_path_that_is_no_run_in_one_line(tmp_path):
 
 
 def test_the_scripts_refuse_bad_values_in_one_line_before_loading_anything(tmp_path):
-    """``-n 0``, ``--iteration-depth 0``, ``--slack 1,x``, ``--max-depth 0`` (an empty table), ``--depths 6,x``: argparse's
-    one line naming the flag, exit 2 (they were tracebacks from the task sampler, or nothing at all)."""
+    """``-n 0``, ``--iteration-depth 0``, ``--slack 1,x``, ``--max-depth 0`` (an empty table), ``--depths 6,x``:
+    argparse's one line naming the flag, exit 2 (they were tracebacks from the task sampler, or nothing at all)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
     for script, args, flag in (("probe_depths.py", ["-n", "0"], "-n"),
                                ("probe_depths.py", ["--iteration-depth", "0"], "--iteration-depth"),

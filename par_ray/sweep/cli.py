@@ -139,7 +139,8 @@ def parse_args(spec: SweepSpec, argv: typing.Sequence[str] | None = None) -> Opt
         p.error(str(e))
     return Options(preset=a.preset, seeds=a.seeds, backbones=a.backbones, storage=a.storage, mlflow_uri=a.mlflow_uri,
                    dry_run=a.dry_run, resume=a.resume, smoke_test=a.smoke_test, metric=getattr(a, "metric", None),
-                   mode=getattr(a, "mode", None), num_samples=getattr(a, "num_samples", None), gpu_types=a.gpu_types, overrides=overrides,
+                   mode=getattr(a, "mode", None), num_samples=getattr(a, "num_samples", None), gpu_types=a.gpu_types,
+                   overrides=overrides,
                    model_dir=a.model_dir, prices=a.prices, max_usd=a.max_usd)
 
 
