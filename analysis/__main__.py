@@ -14,6 +14,7 @@ import sys
 
 from analysis.load import AnalysisError
 from analysis.report import analyze
+from par_ray.cli_args import exit_with
 from par_ray.tracking import check_store
 
 
@@ -103,4 +104,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

@@ -1,9 +1,28 @@
-"""Argument types the command lines share (``argparse`` ``type=``): a bad value is argparse's one ``error:`` line
-naming the flag, exit 2, never a traceback from deep in the run."""
+"""What the command lines share: argument types (``argparse`` ``type=``: a bad value is argparse's one ``error:``
+line naming the flag, exit 2, never a traceback from deep in the run), and :func:`exit_with`, their ``sys.exit``
+that stays quiet when the reader of their output goes away (``python -m par_ray.planner --table | head``)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+
+def exit_with(main: Callable[[], int | None]) -> NoReturn:
+    """``sys.exit(main())``, except that a closed standard output (the command piped into ``head``, a pager quit)
+    ends the process with status 1 and no ``BrokenPipeError`` traceback, as Python's ``signal`` documentation
+    recommends (standard output is pointed at ``os.devnull`` so the interpreter's final flush cannot raise again).
+    SIGPIPE keeps Python's disposition: a socket closed under the command still raises where it happens."""
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    sys.exit(status)
 
 
 def positive_int(text: str) -> int:

@@ -32,6 +32,8 @@ import tomllib
 import typing
 from dataclasses import dataclass, field, replace
 
+from par_ray.cli_args import exit_with
+
 
 @dataclass(frozen=True)
 class NodePrice:
@@ -477,4 +479,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_with(main)

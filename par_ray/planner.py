@@ -108,11 +108,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 from dataclasses import dataclass
 
 from par_ray.accelerators import GPU_MEMORY_GB  # re-exported: GPU type -> GB, beside the plans that use it
-from par_ray.cli_args import positive_float, positive_int
+from par_ray.cli_args import exit_with, positive_float, positive_int
 from par_ray.config import STRATEGIES, TrialConfig
 from par_ray.model.registry import BACKBONES
 from par_ray.schedules import iterations_at
@@ -792,4 +791,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

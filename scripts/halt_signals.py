@@ -28,7 +28,7 @@ import json
 
 import torch
 
-from par_ray.cli_args import positive_int, positive_ints
+from par_ray.cli_args import exit_with, positive_int, positive_ints
 from par_ray.evaluation import halting_by_depth
 from par_ray.halting import halt_tokens
 from par_ray.tasks import build_task
@@ -115,4 +115,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)

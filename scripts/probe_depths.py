@@ -20,7 +20,7 @@ import argparse
 
 import torch
 
-from par_ray.cli_args import positive_floats, positive_int
+from par_ray.cli_args import exit_with, positive_floats, positive_int
 from par_ray.train.checkpoint import load_trained, trained_task
 from par_ray.trial import resolve
 
@@ -153,4 +153,4 @@ def frontier_speed(frontier: list[int]) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)
