@@ -147,6 +147,15 @@ def test_a_final_model_written_on_another_node_is_named_in_a_warning(tmp_path, c
             in capsys.readouterr().err)
 
 
+def test_fsdp_on_one_worker_says_the_model_is_not_sharded(tmp_path, capsys):
+    """One worker is Ray Train's local mode, where FSDP2 has no process group and leaves the model plain: the run
+    says so at its start instead of recording fsdp silently."""
+    assert main(BASE + ["--steps", "2", "--strategy", "fsdp", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "note: --strategy fsdp on one worker" in out and "not sharded" in out
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["config"]["train.strategy"] == "fsdp"
+
+
 def test_diverging_run_fails_naming_step_and_loss(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(BASE + ["--steps", "6", "--set", "train.lr=1e30", "--set", "train.grad_clip=0", "--out",

@@ -311,6 +311,10 @@ def _train(argv) -> int:
     local = cfg.train.num_workers == 1 and cluster == "local" and not resumed
     if cfg.train.num_workers == 1 and resumed:
         print(f"resuming the run in {out} from its latest checkpoint on 1 Ray worker", flush=True)
+    if local and cfg.train.strategy == "fsdp":
+        print("note: --strategy fsdp on one worker trains in this process (Ray Train's local mode, no process group): "
+              "the model is not sharded; its checkpoints are FSDP's sharded format (DCP) all the same; give --workers "
+              "2 or more, or a cluster (RAY_ADDRESS), to shard it", flush=True)
     # The export is written beside final/ and swapped in when training ends: a run on fewer workers never leaves
     # another run's shard in final/, and a failed run leaves the previous export whole.
     final, partial = os.path.join(out, "final"), os.path.join(out, "final.partial")
