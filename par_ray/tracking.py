@@ -89,7 +89,7 @@ class TrackingStoreError(OSError):
         # SQLAlchemy's text: "[(note)] (sqlite3.OperationalError) database or disk is full [SQL: …] …"
         driver = re.search(r"\((?:\w+\.)+\w+\) (.*?)(?: \[SQL:|$)", text)
         reason = (driver.group(1) if driver else text.split(" [SQL:")[0])[:300]
-        where = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else uri
+        where = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else shown_uri(uri)
         if "database or disk is full" in reason or "No space left on device" in reason:
             return cls(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (MLflow tracking store: {reason})", where)
         return cls(errno.EIO, f"MLflow tracking store: {reason}", where)
@@ -145,6 +145,20 @@ def tracking_uri(flag: str | None, storage: str) -> str:
     return "sqlite:///" + str(Path(storage).expanduser().resolve() / "mlflow.db")
 
 
+def shown_uri(uri: str) -> str:
+    """``uri`` as it may be printed or logged: a password in it (``postgresql://user:PASSWORD@host/db``,
+    ``https://user:PASSWORD@host``) replaced by ``***`` (SQLAlchemy's URL rendering); anything SQLAlchemy cannot
+    parse as a URL (a path) is returned as it is, having no password to hide."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(uri)
+    except (ArgumentError, ValueError):
+        return uri
+    return url.render_as_string(hide_password=True) if url.password else uri
+
+
 SERVER_PROBE_S = 10.0
 """How long :func:`check_store` waits for an MLflow server's answer (seconds)."""
 
@@ -161,24 +175,28 @@ def check_store(uri: str, timeout_s: float = SERVER_PROBE_S) -> None:
       caller);
     - any other scheme (a database server, Databricks): MLflow must know it and the store must answer one call.
 
-    Raises ``ValueError`` with one sentence (no flag: the caller names its own)."""
+    Raises ``ValueError`` with one sentence (no flag: the caller names its own) that shows ``uri`` with its password
+    hidden (:func:`shown_uri`)."""
     from urllib.error import HTTPError
-    from urllib.parse import urlparse
+    from urllib.parse import urlparse, urlsplit, urlunsplit
     from urllib.request import urlopen
 
-    scheme = urlparse(uri).scheme
+    scheme, shown = urlparse(uri).scheme, shown_uri(uri)
     if scheme in ("http", "https"):
+        # the server's health check needs no login: user:password@ (MLflow's client logs in with it) is left out
+        parts = urlsplit(uri)
+        health = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/") + "/health"
         try:
-            with urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
+            with urlopen(health, timeout=timeout_s):
                 return
         except HTTPError as e:
             if e.code in (401, 403):
                 return
-            raise ValueError(f"the server at {uri} is no MLflow server (GET {uri.rstrip('/')}/health: HTTP {e.code}); "
-                             f"check the address") from None
+            raise ValueError(f"the server at {shown} is no MLflow server (GET {shown.rstrip('/')}/health: "
+                             f"HTTP {e.code}); check the address") from None
         except (OSError, ValueError) as e:  # URLError, a timeout, a malformed address
             reason = getattr(e, "reason", e)
-            raise ValueError(f"no MLflow server answers at {uri} ({reason}); start one (`python -m par_ray.tracking "
+            raise ValueError(f"no MLflow server answers at {shown} ({reason}); start one (`python -m par_ray.tracking "
                              f"ui`, `mlflow server`) or check the address") from None
     if scheme in ("", "file"):
         path = urlparse(uri).path if scheme == "file" else uri
@@ -194,10 +212,10 @@ def check_store(uri: str, timeout_s: float = SERVER_PROBE_S) -> None:
     try:
         MlflowClient(uri).search_experiments(max_results=1)
     except UnsupportedModelRegistryStoreURIException:  # MLflow's registry knows no store of that scheme
-        raise ValueError(f"{uri}: {scheme!r} is no tracking store scheme MLflow knows; use sqlite:///PATH/mlflow.db, "
+        raise ValueError(f"{shown}: {scheme!r} is no tracking store scheme MLflow knows; use sqlite:///PATH/mlflow.db, "
                          f"an http(s):// MLflow server, or a database URI such as postgresql://") from None
     except Exception as e:  # noqa: BLE001 - MLflow's or SQLAlchemy's error of a store that does not open
-        raise ValueError(f"the tracking store at {uri} does not open: {TrackingStoreError.of(e, uri).strerror}"
+        raise ValueError(f"the tracking store at {shown} does not open: {TrackingStoreError.of(e, uri).strerror}"
                          ) from None
 
 

@@ -329,6 +329,7 @@ def test_check_store_names_what_is_wrong_with_a_tracking_uri_at_once(tmp_path):
     try:
         tracking.check_store(url)
         tracking.check_store(f"{url}/login")
+        tracking.check_store(url.replace("http://", "http://user:s3cret@"))  # MLflow's client logs in with it
         tracking.check_store(f"sqlite:///{tmp_path}/new/mlflow.db")
         assert not (tmp_path / "new").exists()
         for uri, words in ((f"http://127.0.0.1:{closed}", f"no MLflow server answers at http://127.0.0.1:{closed}"),
@@ -344,6 +345,19 @@ def test_check_store_names_what_is_wrong_with_a_tracking_uri_at_once(tmp_path):
             assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
     finally:
         httpd.shutdown()
+
+
+def test_a_password_in_a_tracking_uri_is_never_shown():
+    """A database or server URI with a password (``postgresql://user:PASSWORD@host/db``) is printed with ``***`` in
+    its place: in check_store's errors and the sweep's ``MLflow:`` line, which a Ray job's log keeps on the cluster."""
+    assert tracking.shown_uri("postgresql://user:s3cret@db:5432/mlflow") == "postgresql://user:***@db:5432/mlflow"
+    assert tracking.shown_uri("https://user:s3cret@mlflow.example") == "https://user:***@mlflow.example"
+    for unchanged in ("sqlite:////tmp/a@b/mlflow.db", "runs/x/mlflow.db", "https://mlflow.example", "databricks"):
+        assert tracking.shown_uri(unchanged) == unchanged
+    for uri in ("postgresql://user:s3cret@127.0.0.1:9/mlflow", "http://user:s3cret@127.0.0.1:9"):
+        with pytest.raises(ValueError) as e:
+            tracking.check_store(uri, timeout_s=5)
+        assert "s3cret" not in str(e.value) and "user:***@127.0.0.1:9" in str(e.value), str(e.value)
 
 
 def test_ui_command_refuses_a_path_as_backend_store_uri(tmp_path, capsys):

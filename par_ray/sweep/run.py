@@ -380,8 +380,8 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
         tracker = tracking.SweepTracker.open(
             spec.name, experiment_path, uri, params=_sweep_params(plan, opts),
             tags={TAG_PRESET: plan.preset, TAG_SMOKE_TEST: str(opts.smoke_test).lower()})
-        print(f"MLflow: {uri} (experiment {tracking.experiment_name(spec.name)}, parent run {tracker.parent_run_id})",
-              flush=True)
+        print(f"MLflow: {tracking.shown_uri(uri)} (experiment {tracking.experiment_name(spec.name)}, "
+              f"parent run {tracker.parent_run_id})", flush=True)
 
         trainable = tune.with_resources(
             tune.with_parameters(_trial_driver, train_storage=train_storage, train_max_failures=spec.train_max_failures,
