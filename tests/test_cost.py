@@ -459,6 +459,47 @@ def test_max_usd_refuses_an_over_budget_sweep_before_anything_starts(capsys, tmp
     assert main(SPEC, [*args, "--max-usd", "1e9", "--dry-run"]) == 0
 
 
+def test_max_usd_under_a_cluster_to_join_joins_it_once(capsys, tmp_path, monkeypatch):
+    """``ray job submit -- python sweeps/… --max-usd N`` (RAY_ADDRESS set, the default preset ``auto``): the sweep
+    joins the cluster once, asks it for GPUs and checks the budget there, before any trial starts (it joined once more
+    before, only to guess the preset). Ray is faked: the test counts the joins and stops at the first step after the
+    check."""
+    import contextlib
+
+    from par_ray.sweep import main, resources, run
+    from sweeps.backbone_scaling import SPEC
+
+    class Joined(Exception):
+        pass
+
+    joins = []
+
+    @contextlib.contextmanager
+    def joined():
+        joins.append(os.environ["RAY_ADDRESS"])
+        yield None
+
+    def after_the_budget():
+        raise Joined
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    for module in (run, resources):
+        monkeypatch.setattr(module, "joined", joined)
+        monkeypatch.setattr(module, "cluster_has_gpu", lambda: False)
+    monkeypatch.setattr(run, "autoscaler_limits_unknown", after_the_budget)
+    prices = tmp_path / "cpu_prices.json"
+    prices.write_text(json.dumps({"devices": {"CPU": {"nodes": [
+        {"node": "big-cpu", "cloud": "test", "gpus": 1, "on_demand": 1000.0, "spot": 500.0, "region": "r",
+         "date": "2026-12", "source": "test"}]}}}))
+    args = ["--seeds", "0", "--storage", str(tmp_path / "sweep"), "--prices", str(prices)]
+    with pytest.raises(Joined):
+        main(SPEC, [*args, "--max-usd", "1e9"])
+    assert joins == ["127.0.0.1:6379"]
+    joins.clear()
+    assert main(SPEC, [*args, "--max-usd", "1"]) == 2
+    assert joins == ["127.0.0.1:6379"] and "--max-usd: the sweep is planned at $" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # After the fact: plan vs actual (analysis)
 

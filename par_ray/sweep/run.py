@@ -314,8 +314,10 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
         raise SweepConfigError(f"--preset: {preset!r} is not one of {list(PRESET_CHOICES)}")
     if preset == "auto" and opts.gpu_types:
         preset = "paper"  # GPU types name GPUs: the preset that plans for them
-    if preset == "auto" and (opts.dry_run or opts.max_usd is not None):
-        preset = local_preset_guess()  # a budget is checked before anything starts: plan for the guessed preset
+    if preset == "auto" and (opts.dry_run or (opts.max_usd is not None and not os.environ.get("RAY_ADDRESS"))):
+        # a budget is checked before anything starts: plan for the preset a new local cluster would choose; a
+        # cluster to join (RAY_ADDRESS, as under `ray job submit`) is asked once joined, before any trial starts
+        preset = local_preset_guess()
     try:
         table = load_table(opts.prices)
     except ValueError as e:
@@ -363,6 +365,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
         if plan is None:
             plan = build_plan(spec, opts, "paper" if cluster_has_gpu() else "local")
             _require_weights(plan)
+            check_budget(sweep_cost(plan, table), opts.max_usd)  # joining claimed nothing yet
         needs = [(trial_label(cfg), trial_resources(cfg, train_storage)) for _, cfg in plan.trials]
         if autoscaler_limits_unknown():
             # Every trial at once: the worker groups of trials that do not fit yet are the demand the autoscaler adds
