@@ -5,9 +5,9 @@ GPU-hours for training and evaluation, wall hours, dollars, the device, its peak
 (``gpu_seconds_train``, ``gpu_seconds_eval``, ``gpu_seconds_stage{i}``: the training loop's measured seconds × its
 devices, ``par_ray.train.loop.gpu_seconds``); both sets of names are ``par_ray.tracking_schema``'s. MLflow keeps the
 run's wall time (start to end). This module joins the two into the ``plan_vs_actual`` table and derives the measured
-MFU per device and phase, planned FLOPs ÷ (actual device-seconds × peak), written as ``cost_overrides.json``: a price
-file the sweeps' ``--prices`` reads (``par_ray.hardware.load_table``), so the next plan uses the MFU this sweep
-reached.
+MFU per device and phase, planned FLOPs ÷ (actual device-seconds × peak), and the start-up (wall time outside the
+steps and evaluations), written as ``cost_overrides.json``: a price file the sweeps' ``--prices`` reads
+(``par_ray.hardware.load_table``), so the next plan uses the MFU and start-up this sweep measured.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from par_ray.tracking_schema import GPU_SECONDS_EVAL, GPU_SECONDS_TRAIN, cost_pa
 
 PARAMS = {field: cost_param(field) for field in (
     "device", "devices", "peak_flops", "planned_train_flops", "planned_eval_flops", "planned_train_gpu_hours",
-    "planned_eval_gpu_hours", "planned_wall_hours", "planned_usd")}
+    "planned_eval_gpu_hours", "planned_wall_hours", "planned_startup_hours", "planned_usd")}
 """Frame column → MLflow param of the plan (``par_ray.tracking_schema.cost_param``)."""
 OVERRIDES_FILE = "cost_overrides.json"
 
@@ -52,6 +52,9 @@ def joined(trials: pl.DataFrame, planned: pl.DataFrame) -> pl.DataFrame:
         (metric[GPU_SECONDS_EVAL] / 3600).alias("actual_eval_gpu_hours"),
         (pl.col("duration_s") / 3600).alias("actual_wall_hours"),
     ).with_columns(
+        # the wall time the loop's steps and evaluations do not account for: worker group, model, MLflow, checkpoints
+        (pl.col("actual_wall_hours") - (pl.col("actual_train_gpu_hours") + pl.col("actual_eval_gpu_hours"))
+         / pl.col("devices")).alias("actual_startup_hours"),
         (pl.col("planned_train_flops") / (pl.col("actual_train_gpu_hours") * 3600 * pl.col("peak_flops")))
         .alias("mfu_train"),
         (pl.col("planned_eval_flops") / (pl.col("actual_eval_gpu_hours") * 3600 * pl.col("peak_flops")))
@@ -86,22 +89,26 @@ def plan_vs_actual(frame: pl.DataFrame) -> Table | None:
             "eval: plan": _h(r["planned_eval_gpu_hours"]), "eval: actual": _h(r["actual_eval_gpu_hours"]),
             "wall: plan": _h(r["planned_wall_hours"]), "wall: actual": _h(r["actual_wall_hours"]),
             "wall error": _pct(r["planned_wall_hours"], r["actual_wall_hours"]),
+            "start-up: plan": _h(r["planned_startup_hours"]), "start-up: actual": _h(r["actual_startup_hours"]),
             "MFU train": MISSING if r["mfu_train"] is None else f"{r['mfu_train']:.3f}",
             "MFU eval": MISSING if r["mfu_eval"] is None else f"{r['mfu_eval']:.3f}",
         })
     totals = frame.select(pl.col("planned_wall_hours", "actual_wall_hours").sum())
     note = (f"Device-hours: training steps and evaluations as the loop measured them × the trial's devices "
             f"(metrics gpu_seconds_train, gpu_seconds_eval); wall: the MLflow run's start to end (Ray start-up, "
-            f"checkpoints and reports included). Plan: par_ray.cost at the MFU in the run's params (cost.mfu_train, "
-            f"cost.mfu_eval); measured MFU = planned FLOPs ÷ (actual device-seconds × peak). Sum of trial wall "
-            f"times: plan {_h(totals[0, 0])}, actual {_h(totals[0, 1])} "
+            f"checkpoints and reports included); start-up: the wall time outside the steps and evaluations. Plan: "
+            f"par_ray.cost at the MFU and start-up in the run's params (cost.mfu_train, cost.mfu_eval, "
+            f"cost.planned_startup_hours); measured MFU = planned FLOPs ÷ (actual device-seconds × peak). Sum of "
+            f"trial wall times: plan {_h(totals[0, 0])}, actual {_h(totals[0, 1])} "
             f"({_pct(totals[0, 0], totals[0, 1])}).")
     return Table("plan_vs_actual", "Planned vs actual cost per trial", pl.DataFrame(rows), (note,))
 
 
 def measured_overrides(frame: pl.DataFrame, source: str) -> dict:
     """A price file (``par_ray.hardware.load_table``) setting each device's measured MFUs: the device-seconds-weighted
-    mean over the finished trials of :func:`joined` (total planned FLOPs ÷ total device-seconds × peak)."""
+    mean over the finished trials of :func:`joined` (total planned FLOPs ÷ total device-seconds × peak); and, beside
+    a measured MFU, its start-up (``startup_s``: the median over those trials of the wall time outside their steps and
+    evaluations)."""
     devices = {}
     for (device,), g in frame.group_by("device"):
         entry = {"mfu_source": source}
@@ -113,6 +120,9 @@ def measured_overrides(frame: pl.DataFrame, source: str) -> dict:
                 mfu = float(flops.filter(ok).sum() / seconds.filter(ok).sum())
                 if 0 < mfu <= 1:
                     entry[f"mfu_{phase}"] = mfu
+        startup = g["actual_startup_hours"].drop_nulls().drop_nans().median()
+        if len(entry) > 1 and startup is not None and startup >= 0:
+            entry["startup_s"] = float(startup) * 3600
         if len(entry) > 1:
             devices[device] = entry
     return {"devices": devices}

@@ -366,6 +366,8 @@ def _measure_trial(s: Session, out: Path, text: str, peak: float | None) -> dict
             "eval_share": evaluation / (train + evaluation) if train + evaluation else None,
             "eval_flops_per_s_model": plan["eval_flops"] / evaluation if evaluation else None,
             "wall_seconds": result.get("wall_seconds"), "final_loss": result.get("final_loss"),
+            # the trial's wall outside its steps and evaluations: par_ray.hardware.DEFAULT_STARTUP_S["gpu"] to check
+            "startup_s": result["wall_seconds"] - train - evaluation if result.get("wall_seconds") else None,
             "G": result.get("G"), "export_bytes": export.stat().st_size, "windows": windows,
             "strategy": plan["strategy"]}
 

@@ -42,7 +42,9 @@ R_max = ``evaluation.halt_max_iterations`` iterations read out at every one of t
 (prefill, then L(d) − 1 one-token steps against a growing cache; the prefill's lm_head runs at every prompt token).
 
 Time and money: GPU-seconds = FLOPs ÷ (peak × MFU), with separate MFUs for training and evaluation
-(``par_ray.hardware``: assumed, or measured); a trial's wall time = GPU-seconds ÷ its GPUs; dollars = GPU-hours ×
+(``par_ray.hardware``: assumed, or measured), plus each of the trial's GPUs held through its start-up (worker group,
+model, MLflow run, checkpoints: ``hardware.DEFAULT_STARTUP_S``, or measured); a trial's wall time = GPU-seconds ÷
+its GPUs; dollars = GPU-hours ×
 the price per GPU-hour of the node type that holds the trial (on-demand and spot). A CPU trial (local preset) is
 costed the same way with the fp32 peak of one core per thread with every core busy
 (``par_ray.hardware.measure_cpu_peak``), at no price.
@@ -392,6 +394,8 @@ class TrialCost:
     mfu_eval: float
     train_gpu_hours: float
     eval_gpu_hours: float
+    startup_hours: float
+    """Hours the trial holds its devices outside its steps and evaluations (``Table.startup_s_of``), wall time."""
     node: str | None
     """Node type the price is from (``None``: unpriced)."""
     usd_per_gpu_hour: float | None
@@ -399,11 +403,12 @@ class TrialCost:
 
     @property
     def gpu_hours(self) -> float:
-        return self.train_gpu_hours + self.eval_gpu_hours
+        """Device-hours: training, evaluation, and the start-up on each of the trial's devices."""
+        return self.train_gpu_hours + self.eval_gpu_hours + self.startup_hours * self.count
 
     @property
     def wall_hours(self) -> float:
-        """The trial's planned duration: its device-hours spread over its devices."""
+        """The trial's planned duration: its device-hours spread over its devices (start-up included once)."""
         return self.gpu_hours / self.count
 
     @property
@@ -424,6 +429,7 @@ class TrialCost:
                   "planned_eval_flops": num(self.flops.eval), "device": self.device, "devices": str(self.count),
                   "planned_gpu_hours": num(self.gpu_hours), "planned_train_gpu_hours": num(self.train_gpu_hours),
                   "planned_eval_gpu_hours": num(self.eval_gpu_hours), "planned_wall_hours": num(self.wall_hours),
+                  "planned_startup_hours": num(self.startup_hours),
                   "planned_usd": num(self.usd), "planned_usd_spot": num(self.usd_spot),
                   "mfu_train": num(self.mfu_train), "mfu_eval": num(self.mfu_eval),
                   "peak_flops": num(self.peak_flops), "node": self.node or "n/a",
@@ -458,7 +464,8 @@ def trial_cost(cfg: TrialConfig, table: Table | None = None) -> TrialCost:
         where, on_demand, spot = node.node, node.on_demand / node.gpus, node.spot / node.gpus
     return TrialCost(flops=fl, device=name, count=tr.num_workers, peak_flops=peak, mfu_train=mfu_t, mfu_eval=mfu_e,
                      train_gpu_hours=fl.train / (peak * mfu_t) / 3600, eval_gpu_hours=fl.eval / (peak * mfu_e) / 3600,
-                     node=where, usd_per_gpu_hour=on_demand, usd_spot_per_gpu_hour=spot)
+                     startup_hours=table.startup_s_of(name) / 3600, node=where, usd_per_gpu_hour=on_demand,
+                     usd_spot_per_gpu_hour=spot)
 
 
 def sweep_wall_hours(durations: typing.Sequence[float], concurrency: int) -> float:
@@ -506,6 +513,8 @@ def assumptions(costs: typing.Iterable[TrialCost], table: Table) -> list[str]:
         price = ("this machine, no price" if c.device == "CPU" and node is None else "no price" if node is None else
                  f"{node.node} ({node.cloud} {node.region}, {node.gpus} GPU/node) ${node.on_demand:g}/h on-demand, "
                  f"${node.spot:g}/h spot, list price of {node.date} ({node.source})")
+        startup = (f"start-up {c.startup_hours * 3600:.0f} s per trial "
+                   f"({'measured' if dev.startup_s is not None else 'assumed'})")
         lines.append(f"{c.device}: peak {peak}; MFU train {c.mfu_train:.2f}, eval {c.mfu_eval:.2f}{measured}; "
-                     f"{price}")
+                     f"{startup}; {price}")
     return lines

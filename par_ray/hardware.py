@@ -71,6 +71,9 @@ class Device:
     """Measured training MFU on this device (replaces :data:`DEFAULT_MFU`); ``None`` = not measured."""
     mfu_eval: float | None = None
     mfu_source: str = ""
+    startup_s: float | None = None
+    """Measured seconds a trial on this device spends outside its training steps and evaluations (replaces
+    :data:`DEFAULT_STARTUP_S`); ``None`` = not measured."""
 
     def price(self, count: int = 1) -> NodePrice | None:
         """The node a trial of ``count`` devices is priced on: the cheapest per device by on-demand price among the
@@ -168,6 +171,16 @@ i.e. below the ``train_compiled`` it is planned at: that figure came from other 
 such a machine should replace with its own measurement.
 What a trial reaches inside a Ray sweep is measured by ``python -m analysis`` (``cost_overrides.json``)."""
 
+DEFAULT_STARTUP_S = {"gpu": 60.0, "cpu": 30.0}
+"""Assumed seconds per trial, by device kind, beside its training steps and evaluations: Ray Train's worker group,
+building or loading the model, the MLflow run, reports and checkpoints; the trial holds its devices meanwhile, so
+they count in its device-hours and its wall time (``par_ray.cost.TrialCost``). CPU: the smoke test's six trials
+(``sweeps/backbone_scaling.py --smoke-test``, 2-core AMD EPYC VM, December 2026) took 28–33 s of wall time each
+around 2–3 s of steps and evaluations; two 8-minute local trials spent ~44 s of theirs outside them, 3 checkpoints
+included (docs/cost.md).
+GPU: assumed until measured (``benchmarks/gpu_session.py``): a CUDA context and process group per worker, and
+weights read from shared storage (1–15 GB for the paper's backbones)."""
+
 MFU_PHASES = ("train", "train_compiled", "train_medium", "train_compiled_medium", "train_bf16", "train_compiled_bf16",
               "eval", "eval_medium", "eval_bf16")
 """The phases a price file's ``[mfu.gpu]`` / ``[mfu.cpu]`` may set (:data:`DEFAULT_MFU`): in (0, 1], a ``_medium``
@@ -210,6 +223,12 @@ class Table:
                 return assumed[key]
         raise KeyError(f"no MFU for phase {phase!r} of {name!r}")
 
+    def startup_s_of(self, name: str) -> float:
+        """Seconds a trial on device ``name`` spends outside its steps and evaluations: measured
+        (``Device.startup_s``) if known, else :data:`DEFAULT_STARTUP_S` of its kind."""
+        measured = self.devices[name].startup_s
+        return measured if measured is not None else DEFAULT_STARTUP_S["cpu" if name == "CPU" else "gpu"]
+
 
 def load_table(path: str | None = None) -> Table:
     """The built-in table, with the overrides of ``path`` (``None``: none).
@@ -223,6 +242,7 @@ def load_table(path: str | None = None) -> Table:
           [devices.H100]       # any field of Device; a new key adds a device
           peak_tflops = 989.4
           mfu_train = 0.31     # measured on this device
+          startup_s = 45       # seconds per trial outside its steps and evaluations (measured)
           [[devices.H100.nodes]]   # replaces the device's node prices
           node = "p5.48xlarge"
           cloud = "aws"
@@ -295,7 +315,8 @@ def load_table(path: str | None = None) -> Table:
 def device_errors(name: str, dev: Device) -> list[str]:
     """Every problem of ``dev`` (the device ``name`` of a price file, :func:`load_table`) as ``"devices.<name>.<field>:
     message"`` strings: numbers of the right type and range (memory > 0 GB, 0 for ``CPU`` allowed; peak > 0 or
-    unset; MFU in (0, 1] or unset; per node type at least one device and prices >= 0), text where text belongs."""
+    unset; MFU in (0, 1] or unset; start-up seconds >= 0 or unset; per node type at least one device and prices
+    >= 0), text where text belongs."""
     errs = []
 
     def check(field: str, ok: bool, expected: str, value: typing.Any) -> None:
@@ -309,6 +330,8 @@ def device_errors(name: str, dev: Device) -> list[str]:
           "TFLOP/s per device > 0", dev.peak_tflops)
     for k in ("mfu_train", "mfu_eval"):
         check(k, getattr(dev, k) is None or _fraction(getattr(dev, k)), "a fraction in (0, 1]", getattr(dev, k))
+    check("startup_s", dev.startup_s is None or (_number(dev.startup_s) and dev.startup_s >= 0), "seconds >= 0",
+          dev.startup_s)
     for k in ("peak_source", "mfu_source"):
         check(k, isinstance(getattr(dev, k), str), "text", getattr(dev, k))
     for i, n in enumerate(dev.nodes):

@@ -134,10 +134,12 @@ def g_metric(kind: str = "G", stopping: str = "ceil") -> str:
 
 COST_PARAM_PREFIX = "cost."
 COST_FIELDS = ("planned_flops", "planned_train_flops", "planned_eval_flops", "device", "devices", "planned_gpu_hours",
-               "planned_train_gpu_hours", "planned_eval_gpu_hours", "planned_wall_hours", "planned_usd",
-               "planned_usd_spot", "mfu_train", "mfu_eval", "peak_flops", "node", "checkpoint_bytes", "error")
+               "planned_train_gpu_hours", "planned_eval_gpu_hours", "planned_wall_hours", "planned_startup_hours",
+               "planned_usd", "planned_usd_spot", "mfu_train", "mfu_eval", "peak_flops", "node", "checkpoint_bytes",
+               "error")
 """The plan's params ``cost.<field>`` on a child run: FLOPs (training, evaluation), the device type and count, its
-peak FLOP/s per device, the MFUs assumed, device-hours, wall hours, dollars on-demand and spot, the node type priced,
+peak FLOP/s per device, the MFUs assumed, device-hours, wall hours, the start-up (hours of wall time outside the
+steps and evaluations), dollars on-demand and spot, the node type priced,
 checkpoint bytes written (``par_ray.cost.TrialCost``); ``error`` instead when the trial could not be planned."""
 GPU_SECONDS_TRAIN = "gpu_seconds_train"
 """Metric: seconds of the training steps × the trial's devices (CPU workers count as devices), so far."""

@@ -225,6 +225,29 @@ def test_cost_turns_flops_into_hours_and_dollars():
     assert set(c.params()) >= {"cost.planned_flops", "cost.planned_gpu_hours", "cost.planned_usd"}
 
 
+def test_each_trial_holds_its_devices_through_its_start_up(tmp_path):
+    """Beside its steps and evaluations a trial spends its start-up (worker group, model, MLflow run, checkpoints)
+    holding its devices: in its wall time once and in its device-hours on each device; a price file's measured
+    ``startup_s`` replaces the assumed one, and a negative one is refused naming the field."""
+    table = hardware.load_table()
+    gpu = cost.trial_cost(validate(paper_trial("qwen2.5-0.5b")), table)
+    assert gpu.startup_hours * 3600 == hardware.DEFAULT_STARTUP_S["gpu"]
+    assert gpu.gpu_hours == pytest.approx(gpu.train_gpu_hours + gpu.eval_gpu_hours + gpu.count * gpu.startup_hours)
+    assert gpu.wall_hours == pytest.approx((gpu.train_gpu_hours + gpu.eval_gpu_hours) / gpu.count + gpu.startup_hours)
+    assert gpu.usd == pytest.approx(gpu.gpu_hours * 55.04 / 8)
+    cpu = cost.trial_cost(validate(local_trial()), table)
+    assert cpu.startup_hours * 3600 == hardware.DEFAULT_STARTUP_S["cpu"]
+    assert cpu.params()["cost.planned_startup_hours"] == f"{30 / 3600:.6g}"
+    assert any("start-up 30 s per trial (assumed)" in line for line in cost.assumptions([cpu], table))
+    prices = tmp_path / "p.json"
+    prices.write_text(json.dumps({"devices": {"CPU": {"startup_s": 45}}}))
+    measured = cost.trial_cost(validate(local_trial()), hardware.load_table(str(prices)))
+    assert measured.wall_hours - cpu.wall_hours == pytest.approx(15 / 3600)
+    prices.write_text(json.dumps({"devices": {"CPU": {"startup_s": -1}}}))
+    with pytest.raises(ValueError, match=r"devices.CPU.startup_s: expected seconds >= 0, got -1"):
+        hardware.load_table(str(prices))
+
+
 def test_compiled_cpu_training_is_planned_at_its_own_mfu(tmp_path):
     """The local sweeps compile their layers (``presets.LOCAL_CURRICULUM``) and reach ~0.7 of the CPU peak, not the
     eager trials' 0.38: a compiled trial plans at ``train_compiled``, evaluation and GPUs (no such key) keep theirs."""
@@ -519,16 +542,19 @@ def test_plan_vs_actual_table_and_measured_mfu(tmp_path):
     hours = float(plan["cost.planned_train_gpu_hours"])
     trials = pl.DataFrame({"run_id": ["a", "b", "c"], "status": ["FINISHED", "FAILED", "FINISHED"],
                            "recipe": ["par"] * 3, "backbone": ["tiny-qwen2"] * 3, "task": ["swap_s5"] * 3,
-                           "seed": [0, 1, 2], "duration_s": [2 * hours * 3600, 1.0, 1.0],
+                           "seed": [0, 1, 2], "duration_s": [2 * hours * 3600 + 60.0 + 40.0, 1.0, 1.0],
                            "gpu_seconds_train": [2 * hours * 3600, 1.0, 1.0], "gpu_seconds_eval": [60.0, 1.0, 1.0]})
     frame = plan_cost.joined(trials, planned)
     assert frame["run_id"].to_list() == ["a"]  # finished and planned only
     table = plan_cost.plan_vs_actual(frame)
     row = table.frame.row(0, named=True)
     assert row["devices"] == "1 × CPU" and row["MFU train"] == f"{float(plan['cost.mfu_train']) / 2:.3f}"
+    assert (row["start-up: plan"], row["start-up: actual"]) == ("30 s", "40 s")  # 40 s of wall beside steps and eval
     overrides = plan_cost.measured_overrides(frame, "test")
     # params hold 6 significant digits (cost.planned_train_gpu_hours too): the MFU read back agrees to ~1e-6
     assert overrides["devices"]["CPU"]["mfu_train"] == pytest.approx(float(plan["cost.mfu_train"]) / 2, rel=1e-5)
     path = plan_cost.write_overrides(overrides, tmp_path)  # read back as a price file: the next plan's MFU
     assert hardware.load_table(str(path)).mfu_of("CPU", "train") == pytest.approx(float(plan["cost.mfu_train"]) / 2,
                                                                                 rel=1e-5)
+    assert overrides["devices"]["CPU"]["startup_s"] == pytest.approx(40.0, abs=0.1)
+    assert hardware.load_table(str(path)).startup_s_of("CPU") == pytest.approx(40.0, abs=0.1)

@@ -251,8 +251,9 @@ def print_costs(sc: SweepCost) -> None:
           f"{'n/a' if wall is None else cost.hours(wall)} | {cost.usd(sc.usd)} | {cost.usd(sc.usd_spot)} | "
           f"{_si(sc.checkpoint_bytes, 'B')} |")
     print(f"Wall: the sweep at up to {sc.concurrency} trial(s) at once ({sc.concurrency_note}), each trial's "
-          f"GPU-hours spread over its devices. GPU-hours = FLOPs ÷ (peak × MFU), training and evaluation apart; $ = "
-          f"GPU-hours × the price per GPU-hour of the node type that holds the trial. Assumptions:")
+          f"GPU-hours spread over its devices. GPU-hours = FLOPs ÷ (peak × MFU), training and evaluation apart, + "
+          f"the start-up × its devices; $ = GPU-hours × the price per GPU-hour of the node type that holds the "
+          f"trial. Assumptions:")
     for line in cost.assumptions(sc.costs, sc.table):
         print(f"  {line}")
 
