@@ -902,3 +902,23 @@ def test_a_search_resumed_shows_no_optuna_warning_for_the_reports_its_trials_rep
     assert [str(w.message) for w in seen] == ["another warning"]
     with pytest.warns(UserWarning, match=r"this `step=1` is already reported"):
         trial.report(3.0, 1)
+
+
+def test_sigterm_prints_the_resume_hint_at_once(capsys, monkeypatch):
+    """``ray job stop`` sends SIGTERM, then SIGKILL 3 s later, often before the trial counts and the hint after them
+    print: the line the handler prints at once carries the ``--resume`` hint, and Tune's SIGINT handler is called."""
+    import signal
+
+    from par_ray.sweep import run
+
+    monkeypatch.setattr(run, "_close_runs", lambda tracker: "1 trial run(s) and the sweep run closed as KILLED")
+    tune_stops = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: tune_stops.append(signum))
+    try:
+        with run._sigterm_as_ctrl_c(tracker=None):
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    line = next(x for x in capsys.readouterr().err.splitlines() if "SIGTERM received" in x)
+    assert "closed as KILLED" in line and run.RESUME_HINT in line
+    assert tune_stops == [signal.SIGINT]

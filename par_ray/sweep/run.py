@@ -530,13 +530,15 @@ def _close_runs(tracker) -> str:
 def _sigterm_as_ctrl_c(tracker):
     """While Tune runs, SIGTERM (``ray job stop``, ``kill``, a scheduler's preemption notice) stops the sweep as
     Ctrl-C does: Tune's own SIGINT handler ends the run gracefully and ``run_sweep`` prints the summary and the
-    ``--resume`` hint. The MLflow runs are closed as KILLED first, in the handler, because ``ray job stop`` sends
-    SIGKILL 3 s later (``RAY_JOB_STOP_WAIT_TIME_S``), often before Tune has stopped. Ray's own driver handler (which
+    ``--resume`` hint. The MLflow runs are closed as KILLED first, in the handler, which prints the ``--resume`` hint
+    at once, because ``ray job stop`` sends SIGKILL 3 s later (``RAY_JOB_STOP_WAIT_TIME_S``), often before Tune has
+    stopped. Ray's own driver handler (which
     raises ``SystemExit`` wherever the driver happens to be) is restored afterwards."""
     def stop(signum, frame):
         closed = _close_runs(tracker)
-        print(f"\n{signal.Signals(signum).name} received: stopping the sweep as Ctrl-C does ({closed})",
-              file=sys.stderr, flush=True)
+        # the hint goes with this line: the trial counts and the hint after them may not print before the SIGKILL
+        print(f"\n{signal.Signals(signum).name} received: stopping the sweep as Ctrl-C does ({closed}). "
+              f"{RESUME_HINT}", file=sys.stderr, flush=True)
         signal.signal(signal.SIGTERM, previous)  # a second SIGTERM stops at once
         tune_stop = signal.getsignal(signal.SIGINT)
         if callable(tune_stop) and tune_stop is not signal.default_int_handler:
