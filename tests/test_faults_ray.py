@@ -280,6 +280,28 @@ def test_a_cluster_wanting_a_token_the_laptop_lacks_is_one_line(tmp_path):
         assert r.stderr.count("InvalidAuthToken") <= 2  # one attempt, not ray.init's ~20 s of retries
 
 
+def test_token_mode_without_any_token_is_one_line_not_an_abort(tmp_path):
+    """``RAY_AUTH_MODE=token`` exported (as docs/gpu.md has every shell do) in a shell with no token (a fresh
+    ``HOME``, no ``RAY_AUTH_TOKEN*``): Ray's client aborts the process in a failed C++ check when it connects; the
+    driver says so in one line, exit 2, before connecting (nothing needs to listen at the address)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
+    (tmp_path / "home").mkdir()
+    address = f"127.0.0.1:{mlflow_ui.free_port()}"
+    env = {**base, "HOME": str(tmp_path / "home"), "RAY_AUTH_MODE": "token", "RAY_ADDRESS": address}
+    code = ("import sys\n"
+            "from par_ray.sweep import resources\n"
+            "from par_ray.sweep.spec import SweepConfigError\n"
+            "try:\n    with resources.joined():\n        pass\n"
+            "except SweepConfigError as e:\n    print(f'error: {e}'); sys.exit(2)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines() == [
+        f"error: Ray: RAY_AUTH_MODE=token is set but this process has no token for the cluster at {address} (no "
+        f"RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to "
+        f"the cluster's token"]
+    assert "Check failed" not in r.stderr and "Traceback" not in r.stderr
+
+
 def test_the_cli_joins_a_running_cluster_and_trains_even_one_worker_on_it(tmp_path):
     """``ray job submit -- python -m par_ray.train …`` runs the CLI with ``RAY_ADDRESS`` naming the cluster: it joins
     it (the capacity check needs ``ray.init``: it used to fail "Ray has not been started yet" for ``--workers 2``) and

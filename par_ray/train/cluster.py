@@ -240,13 +240,21 @@ def _check_token(address: str) -> None:
     """One connection attempt to the GCS at ``address`` (``host:port``) before ``ray.init``: a cluster that refuses this
     process's token (or its lack of one) raises :class:`ClusterTokenError` at once, where ``ray.init`` would retry for
     ~20 s (``RAY_NUM_REDIS_GET_RETRIES``), logging a warning each second, then raise. Any other outcome (connected,
-    GCS not up yet) is left to ``ray.init``. Ray's ``GcsClient`` (``ray._raylet``, what ``ray.init`` itself uses)."""
+    GCS not up yet) is left to ``ray.init``. Ray's ``GcsClient`` (``ray._raylet``, what ``ray.init`` itself uses).
+    With ``RAY_AUTH_MODE=token`` and no token at all (``AuthenticationTokenLoader``) it raises before connecting: Ray's
+    client would abort the process there."""
     if not re.fullmatch(r"[\w.\-]+:\d+", address):  # local, auto, ray://…: ray.init's own resolution
         return
     try:
-        from ray._raylet import GcsClient
+        from ray._raylet import AuthenticationTokenLoader, GcsClient
     except ImportError:  # another Ray: ray.init's own error stands
         return
+    if (os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+            and not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True)):
+        # Ray's client aborts the process (a failed C++ check, no exception) when token mode has no token to send
+        raise ClusterTokenError(f"Ray: RAY_AUTH_MODE=token is set but this process has no token for the cluster at "
+                                f"{address} (no RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); set "
+                                f"RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token")
     try:
         GcsClient(address=address)
     except Exception as e:  # noqa: BLE001 - only an authentication failure is ours to name
