@@ -103,9 +103,13 @@ def test_rerun_in_same_out_with_other_config_is_refused_naming_fields(tmp_path, 
     assert main(BASE + ["--steps", "3", "--set", "train.lr=3e-4", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "train.steps: 2 → 3" in err and "train.lr: 0.001 → 0.0003" in err and "another --out" in err
+    # one worker in this process keeps no checkpoints: there is nothing to continue, only results to replace
+    assert "rerunning there would replace its results" in err and "continue" not in err
     assert (out / "result.json").read_text() == before  # nothing touched
-    # the same config again is accepted (it resumes, or in local mode retrains identically)
+    # the same config again is accepted: in local mode it retrains identically, and says so
     assert main(BASE + ["--steps", "2", "--out", str(out)]) == 0
+    assert "holds a finished run and one worker keeps no checkpoints: training it again from step 0" in (
+        capsys.readouterr().out)
 
 
 def test_a_relative_out_inside_a_ray_job_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -68,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train one looped model (one PAR trial) and print its accuracy by test depth and G.",
         epilog="Prints progress lines, then the accuracy-by-depth table and G; writes OUT/result.json and the\n"
                "model OUT/final/. Flags left out take the preset's values (par_ray/presets.py); any other config\n"
-               "field: --set SECTION.FIELD=VALUE. The same command with the same --out continues an interrupted run.\n"
+               "field: --set SECTION.FIELD=VALUE. The same command with the same --out continues an interrupted run\n"
+               "from its latest checkpoint when it ran on Ray workers (--workers 2 or more, or a cluster); one\n"
+               "worker on this machine keeps no checkpoints: rerunning it starts afresh.\n"
                "\nexample (12 minutes on 2 cores):\n"
                "  python -m par_ray.train --backbone tiny-qwen2 --task swap_s5 --recipe par --train-depth 8 \\\n"
                "      --steps 4000 --eval-depths 8,16,32,64 --seed 0 --out runs/par-s0")
@@ -168,9 +171,15 @@ def check_out_dir(out: str, flat: dict) -> None:
         stored = json.load(f)
     differ = resume_mismatch(stored, flat)
     if differ:
-        raise ValueError(f"--out: {out} holds a run with another config; rerunning there would continue it. Use "
-                         f"another --out, or the same settings to resume it. Differing fields (stored → now):\n  - "
-                         + "\n  - ".join(differ))
+        from par_ray.train.trainer import SNAPSHOT_FILE  # noqa: PLC0415 - imports Ray; after validation
+
+        if glob.glob(os.path.join(out, "ray", "*", SNAPSHOT_FILE)):
+            then = "rerunning there would continue it. Use another --out, or the same settings to resume it"
+        else:  # one local worker's run, or one stopped before its first checkpoint: nothing to continue
+            then = ("rerunning there would replace its results. Use another --out, or the same settings to run it "
+                    "again")
+        raise ValueError(f"--out: {out} holds a run with another config; {then}. Differing fields (stored → now):"
+                         f"\n  - " + "\n  - ".join(differ))
 
 
 def _failure_reason(error: BaseException) -> str:
@@ -311,6 +320,9 @@ def _train(argv) -> int:
     local = cfg.train.num_workers == 1 and cluster == "local" and not resumed
     if cfg.train.num_workers == 1 and resumed:
         print(f"resuming the run in {out} from its latest checkpoint on 1 Ray worker", flush=True)
+    if local and os.path.isfile(os.path.join(out, "result.json")):
+        print(f"note: {out} holds a finished run and one worker keeps no checkpoints: training it again from step 0; "
+              f"its result.json and final/ are replaced at the end", flush=True)
     if local and cfg.train.strategy == "fsdp":
         print("note: --strategy fsdp on one worker trains in this process (Ray Train's local mode, no process group): "
               "the model is not sharded; its checkpoints are FSDP's sharded format (DCP) all the same; give --workers "
