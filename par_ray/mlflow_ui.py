@@ -156,27 +156,32 @@ def main(argv: list[str] | None = None, prog: str = "python -m par_ray.mlflow_ui
         port = free_port()
         print(f"port {args.port} is in use (another MLflow UI?); serving this store on port {port} instead",
               flush=True)
-    with contextlib.ExitStack() as stack:
-        try:
-            url = stack.enter_context(local_server(backend, artifacts, port=port))
-        except RuntimeError as e:  # the server did not start: its log's last error says why (a store that is not one)
-            head, _, log = str(e).partition("\n")
-            why = [line for line in log.splitlines() if re.match(r"[\w.]*(Error|Exception)\b.*: ", line)][-1:]
-            print(f"error: {head.rstrip(':')}{': ' + why[0] if why else ''}", file=sys.stderr)
-            return 1
-        from mlflow.tracking import MlflowClient
+    serving = False
+    try:  # a Ctrl-C stops the server whenever it comes (local_server's cleanup), one line, no traceback
+        with contextlib.ExitStack() as stack:
+            try:
+                url = stack.enter_context(local_server(backend, artifacts, port=port))
+            except RuntimeError as e:  # the server did not start: its log's last error says why (a non-store)
+                head, _, log = str(e).partition("\n")
+                why = [line for line in log.splitlines() if re.match(r"[\w.]*(Error|Exception)\b.*: ", line)][-1:]
+                print(f"error: {head.rstrip(':')}{': ' + why[0] if why else ''}", file=sys.stderr)
+                return 1
+            from mlflow.tracking import MlflowClient
 
-        exps = [e for e in MlflowClient(url).search_experiments() if e.name.startswith(EXPERIMENT_PREFIX)]
-        print(f"MLflow UI: {ui_url(url)}")
-        for e in exps:
-            print(f"  {e.name}: {ui_url(url, e.experiment_id)}")
-        print("Ctrl-C to stop.", flush=True)
-        try:
+            exps = [e for e in MlflowClient(url).search_experiments() if e.name.startswith(EXPERIMENT_PREFIX)]
+            print(f"MLflow UI: {ui_url(url)}")
+            for e in exps:
+                print(f"  {e.name}: {ui_url(url, e.experiment_id)}")
+            print("Ctrl-C to stop.", flush=True)
+            serving = True
             while True:
                 time.sleep(3600)
-        except KeyboardInterrupt:
-            print("stopping the server")
-    return 0
+    except KeyboardInterrupt:
+        if serving:
+            print("server stopped")
+            return 0
+        print("\ninterrupted while the server started; it is stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -252,6 +252,36 @@ def test_ui_command_stops_its_server_on_sigterm(tmp_path):
             os.kill(proc.pid, signal.SIGKILL)
 
 
+def test_ui_command_interrupted_while_its_server_starts_is_one_line(tmp_path):
+    """Ctrl-C in the seconds before the links print (the server starting, the experiments listed): the server is
+    stopped, one line, exit 130; no KeyboardInterrupt traceback (a fresh-user report)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import mlflow
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.MlflowClient(store).create_experiment("par_ray/x", artifact_location=str(tmp_path / "mlartifacts"))
+    port = mlflow_ui.free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "par_ray.tracking", "ui", "--storage", str(tmp_path),
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "starting mlflow server" in proc.stdout.readline()
+        time.sleep(1)  # the server is being started: its /health does not answer yet
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        err = proc.stderr.read()
+        assert "Traceback" not in err and "interrupted while the server started; it is stopped" in err, err
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_schema_builds_and_parses_every_metric_name_analysis_reads():
     from par_ray import tracking_schema as ts
 
