@@ -922,3 +922,26 @@ def test_sigterm_prints_the_resume_hint_at_once(capsys, monkeypatch):
     line = next(x for x in capsys.readouterr().err.splitlines() if "SIGTERM received" in x)
     assert "closed as KILLED" in line and run.RESUME_HINT in line
     assert tune_stops == [signal.SIGINT]
+
+
+def test_tunes_own_restore_advice_is_left_out_while_a_sweep_runs():
+    """On Ctrl-C Tune logs "Resume experiment with: Tuner.restore(…)"; a sweep continues with ``--resume`` (its own
+    hint), so that line is dropped while Tune runs; Tune's other warnings pass."""
+    import logging
+
+    from par_ray.sweep import run
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    log = logging.getLogger("ray.tune.tune")
+    log.addHandler(handler)
+    try:
+        with run._without_tune_restore_advice():
+            log.warning("Experiment has been interrupted, but the most recent state was saved.\n"
+                        "Resume experiment with: Tuner.restore(path=\"/x\", trainable=...)")
+            log.warning("another warning")
+        log.warning("after the sweep: Resume experiment with: Tuner.restore(...)")
+    finally:
+        log.removeHandler(handler)
+    assert seen == ["another warning", "after the sweep: Resume experiment with: Tuner.restore(...)"]

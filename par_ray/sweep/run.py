@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import signal
 import sys
@@ -413,7 +414,7 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
             _clear_not_retryable_markers(train_storage)
             _repair_trial_storage(train_storage, tracker)
         try:
-            with _sigterm_as_ctrl_c(tracker), _quiet_optuna_replays():
+            with _sigterm_as_ctrl_c(tracker), _quiet_optuna_replays(), _without_tune_restore_advice():
                 results = tuner.fit()
         except BaseException as e:
             closed = _close_runs(tracker)
@@ -564,6 +565,26 @@ def _quiet_optuna_replays():
         warnings.filterwarnings("ignore", message=r"The reported value is ignored because this `step=\d+` is "
                                                   r"already reported")
         yield
+
+
+class _TuneRestoreAdvice(logging.Filter):
+    """Drops Tune's warning on an interrupted experiment, "… Resume experiment with: Tuner.restore(path=…)": a sweep
+    continues with ``--resume``, which its own hint names (``Tuner.restore`` alone would skip the checks of the flags,
+    the MLflow runs and the checkpoint repairs ``--resume`` does)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Resume experiment with:" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_tune_restore_advice():
+    """:class:`_TuneRestoreAdvice` on Tune's ``ray.tune.tune`` logger for the block."""
+    log, advice = logging.getLogger("ray.tune.tune"), _TuneRestoreAdvice()
+    log.addFilter(advice)
+    try:
+        yield
+    finally:
+        log.removeFilter(advice)
 
 
 RESUME_FLAGS = {"preset": "--preset", "backbones": "--backbones", "seeds": "--seeds", "smoke_test": "--smoke-test",
