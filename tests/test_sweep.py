@@ -356,12 +356,14 @@ def test_max_concurrent_trials_from_cluster_resources():
 
 def test_dry_run_paper_prints_the_plan_without_a_gpu_and_one_error_per_missing_backbone():
     """No network, no weights (the tests' empty hub cache): the plan is printed, then one error per backbone naming
-    where it looked, and the exit status is 2 (a real run would refuse to start)."""
+    where it looked, and the exit status is 2 (a real run would refuse to start); a budget below the plan is named
+    too (``--max-usd``), not hidden behind the missing weights."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     env.pop("RAY_ADDRESS", None)
-    r = subprocess.run([sys.executable, str(ROOT / "sweeps/backbone_scaling.py"), "--dry-run", "--preset", "paper"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    r = subprocess.run([sys.executable, str(ROOT / "sweeps/backbone_scaling.py"), "--dry-run", "--preset", "paper",
+                        "--max-usd", "10"], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.splitlines()[-1].startswith("error: --max-usd: the sweep is planned at $"), r.stderr[-3000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("error: backbone.pretrained: ")]
     assert len(errors) == len(presets.PAPER_BACKBONES), r.stderr[-3000:]
     for backbone, error in zip(presets.PAPER_BACKBONES, errors):

@@ -331,6 +331,10 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
         for error in missing:
             print(f"error: {error}", file=sys.stderr)
         if missing:
+            try:  # the budget is named too: a real run would refuse it as well, once the weights are there
+                check_budget(costs, opts.max_usd)
+            except SweepConfigError as e:
+                print(f"error: {e}", file=sys.stderr)
             return 2
         check_budget(costs, opts.max_usd)
         return 0
