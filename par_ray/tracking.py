@@ -313,6 +313,13 @@ class SweepTracker:
 
         with store_errors(uri):
             os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # see SweepTracker.client
+            if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+                # a new store: its "Default" experiment gets the artifact folder beside it, as the sweep's does,
+                # not ./mlruns of the working directory (a temporary folder under `ray job submit`)
+                from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+                Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+                SqlAlchemyStore(uri, artifact_root(uri)).engine.dispose()
             client = MlflowClient(tracking_uri=uri)
             name = experiment_name(sweep)
             exp = client.get_experiment_by_name(name)

@@ -109,6 +109,24 @@ def test_sweep_and_trial_runs_follow_the_schema_and_are_reused(tmp_path):
     assert other.parent_run_id != parent.info.run_id and other.experiment_id == exp.experiment_id
 
 
+def test_a_new_store_keeps_every_experiments_artifacts_beside_it(tmp_path, monkeypatch):
+    """Under `ray job submit` the working directory is a temporary copy Ray deletes: a new store's "Default"
+    experiment (MLflow makes it with the store) gets ``mlartifacts/`` beside the store, as the sweep's does, not
+    ``./mlruns`` of the working directory."""
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / "job_dir").mkdir()
+    monkeypatch.chdir(tmp_path / "job_dir")
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    tracking.SweepTracker.open("demo", str(tmp_path / "tune" / "demo"), uri)
+    client = MlflowClient(uri)
+    root = tracking.artifact_root(uri)
+    locations = {e.name: e.artifact_location for e in client.search_experiments()}
+    assert set(locations) == {"Default", "par_ray/demo"}
+    assert all(loc.startswith(root) for loc in locations.values()), locations
+    assert not (tmp_path / "job_dir" / "mlruns").exists()
+
+
 def test_interrupted_trials_are_closed_and_reopened_on_resume(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     t = tracking.SweepTracker.open("demo", str(tmp_path / "x"), uri)
