@@ -947,3 +947,17 @@ def test_tunes_own_restore_advice_is_left_out_while_a_sweep_runs():
     finally:
         log.removeHandler(handler)
     assert seen == ["another warning", "after the sweep: Resume experiment with: Tuner.restore(...)"]
+
+
+@pytest.mark.parametrize("name", ["backbone_scaling", "ablations", "halting", "label_free", "main_results",
+                                  "prior_benchmarks", "search"])
+def test_every_sweep_explains_itself_with_help(name, capsys):
+    """``python sweeps/<name>.py --help`` prints its flags and exits 0 (a ``%`` in a help text is argparse's format
+    character: search.py's ``--help`` was a ValueError traceback)."""
+    import importlib
+
+    spec = importlib.import_module(f"sweeps.{name}").SPEC
+    with pytest.raises(SystemExit) as e:
+        sweep.main(spec, ["--help"])
+    assert e.value.code == 0
+    assert "--dry-run" in capsys.readouterr().out

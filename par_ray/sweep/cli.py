@@ -88,7 +88,7 @@ def build_parser(spec: SweepSpec) -> argparse.ArgumentParser:
     if spec.search is not None:
         what.add_argument("--metric", default=None,
                           help=f"metric to optimize (default {spec.search.metric}): G, G_interp (the interpolated G), "
-                               "G_lo, G_interp_lo (their lower 95 % bounds), acc_longest, acc_d<D>, loss …")
+                               "G_lo, G_interp_lo (their lower 95 %% bounds), acc_longest, acc_d<D>, loss …")
         what.add_argument("--mode", choices=("max", "min"), default=None,
                           help="maximise or minimise the metric (default: its direction: min for loss, max for G "
                                "and accuracies)")
