@@ -506,7 +506,8 @@ def assumptions(costs: typing.Iterable[TrialCost], table: Table) -> list[str]:
             continue
         seen.add(c.device)
         dev = table.devices[c.device]
-        measured = " (measured: " + dev.mfu_source + ")" if dev.mfu_train or dev.mfu_eval else " (assumed)"
+        measured = ((f" (measured: {dev.mfu_source})" if dev.mfu_source else " (measured)") if dev.mfu_train
+                    or dev.mfu_eval else " (assumed)")
         peak = (f"{c.peak_flops / 1e9:.0f} GFLOP/s fp32 per worker ({dev.peak_source})" if c.device == "CPU"
                 else f"{dev.peak_tflops:g} TFLOP/s bf16 ({dev.peak_source})")
         node = dev.price(c.count)

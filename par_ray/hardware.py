@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import tomllib
 import typing
 from dataclasses import dataclass, field, replace
@@ -266,7 +267,9 @@ def load_table(path: str | None = None) -> Table:
             raw = f.read()
         data = tomllib.loads(raw.decode()) if str(path).endswith(".toml") else json.loads(raw)
     except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"--prices: cannot read {path!r} ({type(e).__name__}: {e})") from None
+        how = "" if isinstance(e, OSError) else " as TOML" if str(path).endswith(".toml") else \
+            " as JSON (a file not named .toml is read as JSON)"
+        raise ValueError(f"--prices: cannot read {path!r}{how} ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict):
         raise ValueError(f"--prices: {path!r} holds {type(data).__name__}, expected a table of devices / mfu")
     if "sections" in data and "schema" in data:  # the GPU check's output
@@ -481,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     if args.out:  # before measuring: its folder is made (runs/cpu.json in a fresh clone), a folder is no file
-        if os.path.isdir(args.out):
+        if os.path.isdir(args.out) or args.out.endswith(os.sep):
             ap.error(f"--out: {args.out} is a folder; name the price file, e.g. {os.path.join(args.out, 'cpu.json')}")
         try:
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -489,12 +492,16 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--out: cannot make the folder of {args.out} ({e.strerror})")
     try:
         peak = measure_cpu_peak(args.workers, args.seconds)
-    except ValueError as e:
-        ap.error(str(e))
+    except ValueError as e:  # "workers: …" / "seconds: …": the flag of that name
+        ap.error(f"--{e}")
     text = json.dumps(cpu_peak_overrides(peak, args.workers), indent=2) + "\n"
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            print(f"error: --out: cannot write {args.out} ({e.strerror})", file=sys.stderr)
+            return 1
         print(f"CPU peak {peak / 1e9:.1f} GFLOP/s per core with {args.workers} busy: {args.out}")
     else:
         print(text, end="")

@@ -380,6 +380,30 @@ def test_price_file_overrides_prices_peaks_and_mfu(tmp_path):
     with pytest.raises(ValueError,
                        match=r"(?s)--prices .*mfu.gpu.train: .*devices.H100: unknown field\(s\) \['peak'\]"):
         hardware.load_table(str(bad))
+    yaml = tmp_path / "prices.yaml"  # neither .toml nor JSON: the error says how it was read
+    yaml.write_text("devices:\n  H100: {}\n")
+    with pytest.raises(ValueError, match=r"as JSON \(a file not named \.toml is read as JSON\)"):
+        hardware.load_table(str(yaml))
+    # a measured MFU without its source reads "(measured)", not "(measured: )"
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps({"devices": {"H100": {"mfu_train": 0.31}}}))
+    table = hardware.load_table(str(measured))
+    line = cost.assumptions([cost.trial_cost(validate(paper_trial("qwen2.5-0.5b")), table)], table)[0]
+    assert "MFU train 0.31, eval 0.15 (measured);" in line
+
+
+def test_max_usd_names_every_unpriced_trial_it_counts(tmp_path):
+    """``--max-usd`` on a sweep with unpriced trials: the count of them and the first three, not three alone."""
+    from par_ray.sweep import SweepSpec, build_plan
+    from par_ray.sweep.resources import check_budget, sweep_cost
+    from par_ray.sweep.spec import Options, SweepConfigError
+
+    unpriced = tmp_path / "noprice.json"
+    unpriced.write_text(json.dumps({"devices": {"H100": {"nodes": []}}}))
+    table = hardware.load_table(str(unpriced))
+    plan = build_plan(SweepSpec(name="x", seeds=(0, 1, 2, 3)), Options(backbones=("qwen2.5-0.5b",)), "paper")
+    with pytest.raises(SweepConfigError, match=r"no price or peak for 4 trial\(s\), \[.*\] and 1 more"):
+        check_budget(sweep_cost(plan, table), float("inf"))
 
 
 @pytest.mark.parametrize("entry, field", [
@@ -448,6 +472,13 @@ def test_measured_cpu_peak_becomes_the_cpu_workers_peak(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:  # a folder: refused before measuring, not an IsADirectoryError after it
         hardware.main(["--measure-cpu", "--workers", "1", "--seconds", "0.05", "--out", str(tmp_path)])
     assert e.value.code == 2 and f"--out: {tmp_path} is a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a folder still to be made, named with its slash: the same line
+        hardware.main(["--measure-cpu", "--workers", "1", "--seconds", "0.05", "--out", f"{tmp_path}/new/"])
+    assert e.value.code == 2 and f"--out: {tmp_path}/new/ is a folder" in capsys.readouterr().err
+    for flag, value in (("--workers", "0"), ("--seconds", "0")):  # the error names the flag typed
+        with pytest.raises(SystemExit) as e:
+            hardware.main(["--measure-cpu", flag, value])
+        assert e.value.code == 2 and f"error: {flag}: must be" in capsys.readouterr().err
 
 
 def test_dry_run_prints_the_cost_table(capsys, tmp_path):

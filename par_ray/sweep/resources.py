@@ -265,8 +265,9 @@ def check_budget(sc: SweepCost, max_usd: float | None) -> None:
         return
     if sc.usd is None:
         missing = sorted({label for label, _, c, _ in sc.rows if c is None or c.usd is None})
-        raise SweepConfigError(f"--max-usd: the sweep's cost cannot be planned: no price or peak for {missing[:3]} "
-                               f"(add them with --prices FILE)")
+        shown = f"{missing[:3]}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise SweepConfigError(f"--max-usd: the sweep's cost cannot be planned: no price or peak for "
+                               f"{len(missing)} trial(s), {shown} (add them with --prices FILE)")
     if sc.usd > max_usd:
         raise SweepConfigError(f"--max-usd: the sweep is planned at {cost.usd(sc.usd)} on-demand "
                                f"({cost.usd(sc.usd_spot)} spot, {sc.gpu_hours:.3g} GPU-hours over {sc.n_trials} "
