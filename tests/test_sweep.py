@@ -961,3 +961,29 @@ def test_every_sweep_explains_itself_with_help(name, capsys):
         sweep.main(spec, ["--help"])
     assert e.value.code == 0
     assert "--dry-run" in capsys.readouterr().out
+
+
+def test_a_dry_run_names_the_storage_problems_a_real_run_would_refuse(tmp_path, capsys):
+    """``--dry-run`` checks what a real run checks before Ray starts, after its plan, writing nothing: a sweep already
+    at ``--storage`` (without ``--resume``), ``--resume`` with nothing to resume, a file as ``--storage``, a tracking
+    URI that is no store; each one ``error:`` line, exit 2 (it passed them with status 0)."""
+    from sweeps.backbone_scaling import SPEC
+
+    taken = tmp_path / "taken"
+    (taken / "tune" / "backbone_scaling").mkdir(parents=True)
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    base = ["--preset", "local", "--seeds", "0", "--dry-run"]
+    for flags, words in (
+            (["--storage", str(taken)], "--storage: a sweep 'backbone_scaling' already exists at"),
+            (["--storage", str(tmp_path / "empty"), "--resume"], "--resume: no sweep to resume at"),
+            (["--storage", str(a_file)], f"--storage: {a_file} is a file, not a folder"),
+            (["--storage", str(tmp_path / "s"), "--mlflow-uri", "foo"],
+             "--mlflow-uri: foo is a path, not a tracking URI")):
+        assert sweep.main(SPEC, base + flags) == 2, flags
+        captured = capsys.readouterr()
+        assert "What it costs" in captured.out  # the plan first
+        errors = [line for line in captured.err.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and words in errors[0], captured.err
+    assert sweep.main(SPEC, base + ["--storage", str(tmp_path / "fresh")]) == 0
+    assert not (tmp_path / "fresh").exists() and not (tmp_path / "empty").exists()  # a dry run writes nothing

@@ -294,6 +294,35 @@ def _require_weights(plan) -> None:
                                + "\n  - ".join(missing))
 
 
+def _check_storage(spec: SweepSpec, opts: Options, raw: str, storage: str, experiment_path: str) -> str:
+    """The checks of ``--storage`` (``raw``, resolved to ``storage``), ``--resume`` and the tracking store a sweep
+    makes before Ray starts, writing nothing (a dry run makes them too): a path that outlives a Ray job, a folder, a
+    sweep to resume or none in the way, a tracking store that answers. Returns the tracking URI.
+
+    Raises :class:`SweepConfigError` naming the flag (or ``MLFLOW_TRACKING_URI``)."""
+    from par_ray import tracking
+
+    try:
+        check_outlives_job("--storage", raw, buckets=True)
+        uri = tracking.tracking_uri(opts.mlflow_uri, storage)
+    except ValueError as e:
+        raise SweepConfigError(str(e)) from None
+    if "://" not in storage and os.path.exists(storage) and not os.path.isdir(storage):
+        raise SweepConfigError(f"--storage: {storage} is a file, not a folder")
+    if opts.resume and not _exists(f"{experiment_path}/tuner.pkl"):
+        raise SweepConfigError(f"--resume: no sweep to resume at {experiment_path} (check --storage)")
+    if not opts.resume and _exists(experiment_path):
+        raise SweepConfigError(f"--storage: a sweep {spec.name!r} already exists at {experiment_path}; pass --resume "
+                               f"to continue it or choose another --storage")
+    try:  # a server that does not answer, an unknown scheme, a file that is no store: one line before Ray starts
+        tracking.check_store(uri)
+    except ValueError as e:
+        flag = ("--mlflow-uri" if opts.mlflow_uri else "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI")
+                else "--storage")
+        raise SweepConfigError(f"{flag}: {e}; nothing was started") from None
+    return uri
+
+
 def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     """Run (or ``--dry-run`` / ``--resume``) the sweep ``spec``. Returns 0 when every trial finished, 1 otherwise.
 
@@ -304,11 +333,6 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     raw = opts.storage or DEFAULT_STORAGE.format(name=spec.name)
     remote = "://" in raw
     storage = raw.rstrip("/") if remote else os.path.abspath(os.path.expanduser(raw))
-    if not opts.dry_run:  # a dry run writes nothing
-        try:
-            check_outlives_job("--storage", raw, buckets=True)
-        except ValueError as e:
-            raise SweepConfigError(str(e)) from None
     experiment_path, train_storage = f"{storage}/tune/{spec.name}", f"{storage}/train/{spec.name}"
     preset = opts.preset
     if preset not in PRESET_CHOICES:
@@ -327,35 +351,22 @@ def run_sweep(spec: SweepSpec, opts: Options = Options()) -> int:
     if opts.dry_run:
         costs = sweep_cost(plan, table)
         print_plan(plan, train_storage, costs)
-        missing = missing_weights(plan)  # the weights a real run would refuse to start without
-        for error in missing:
-            print(f"error: {error}", file=sys.stderr)
-        if missing:
-            try:  # the budget is named too: a real run would refuse it as well, once the weights are there
-                check_budget(costs, opts.max_usd)
+        # what a real run would refuse to start with, each named after the plan: the weights, the budget, --storage
+        # and --resume, the tracking store (read, never written)
+        errors = missing_weights(plan)
+        for check in (lambda: check_budget(costs, opts.max_usd),
+                      lambda: _check_storage(spec, opts, raw, storage, experiment_path)):
+            try:
+                check()
             except SweepConfigError as e:
-                print(f"error: {e}", file=sys.stderr)
-            return 2
-        check_budget(costs, opts.max_usd)
-        return 0
+                errors.append(str(e))
+        for error in errors:
+            print(f"error: {error}", file=sys.stderr)
+        return 2 if errors else 0
     _require_weights(plan)
     if plan is not None and opts.max_usd is not None:
         check_budget(sweep_cost(plan, table), opts.max_usd)  # before the cluster: over budget starts nothing
-    try:
-        uri = tracking.tracking_uri(opts.mlflow_uri, storage)
-    except ValueError as e:
-        raise SweepConfigError(str(e)) from None
-    if opts.resume and not _exists(f"{experiment_path}/tuner.pkl"):
-        raise SweepConfigError(f"--resume: no sweep to resume at {experiment_path} (check --storage)")
-    if not opts.resume and _exists(experiment_path):
-        raise SweepConfigError(f"--storage: a sweep {spec.name!r} already exists at {experiment_path}; pass --resume "
-                               f"to continue it or choose another --storage")
-    try:  # a server that does not answer, an unknown scheme, a file that is no store: one line before Ray starts
-        tracking.check_store(uri)
-    except ValueError as e:
-        flag = ("--mlflow-uri" if opts.mlflow_uri else "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI")
-                else "--storage")
-        raise SweepConfigError(f"{flag}: {e}; nothing was started") from None
+    uri = _check_storage(spec, opts, raw, storage, experiment_path)
     if opts.resume:
         plan = _check_resume(spec, opts, experiment_path, uri, plan)
 
