@@ -840,7 +840,8 @@ def from_flat(flat: typing.Mapping[str, typing.Any], base: TrialConfig | None = 
         try:
             updates.setdefault(section, {})[name] = _convert(raw, hints[name])
         except (TypeError, ValueError) as e:
-            errs.append(f"{key}: cannot read {raw!r} as {hints[name]} ({e})")
+            hint = hints[name]
+            errs.append(f"{key}: cannot read {raw!r} as {hint.__name__ if isinstance(hint, type) else hint} ({e})")
     if errs:
         raise ValueError("invalid trial config:\n  - " + "\n  - ".join(errs))
     return replace(cfg, **{s: replace(getattr(cfg, s), **u) for s, u in updates.items()}, stages=stages)

@@ -297,8 +297,10 @@ def test_compile_is_a_flat_bool_and_refused_with_the_cot_baseline():
     cfg = validate(from_flat({"train.compile": "true"}))  # --set train.compile=true
     assert cfg.train.compile is True and to_flat(cfg)["train.compile"] is True
     assert from_flat(to_flat(cfg)) == cfg
-    with pytest.raises(ValueError, match=r"train\.compile: cannot read 'sometimes'"):
+    with pytest.raises(ValueError, match=r"train\.compile: cannot read 'sometimes' as bool \(expected true/false\)"):
         from_flat({"train.compile": "sometimes"})
+    with pytest.raises(ValueError, match=r"train\.lr: cannot read 'abc' as float \("):  # the type's name, no repr
+        from_flat({"train.lr": "abc"})
     cot = apply_recipe(presets.local_trial("tiny-qwen2"), "cot")
     with pytest.raises(ValueError, match=r"train\.compile: must be false with recipe\.cot: its greedy decoding"):
         validate(with_overrides(cot, train={"compile": True}))
