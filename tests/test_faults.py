@@ -385,7 +385,7 @@ def test_a_truncated_snapshot_and_empty_checkpoint_files_fall_back_to_the_last_c
     assert any("removed incomplete checkpoint checkpoint_c" in n for n in notes)
     assert notes[-1].startswith(f"Ray Train's {SNAPSHOT_FILE} was unreadable (0 bytes): rebuilt from the 2 complete "
                                 f"checkpoint(s); resuming from step 4 (checkpoint_b)")
-    state = _CheckpointManagerState.parse_obj(json.loads((run / SNAPSHOT_FILE).read_text()))  # Ray reads it
+    state = _CheckpointManagerState.model_validate(json.loads((run / SNAPSHOT_FILE).read_text()))  # Ray reads it
     assert state.latest_checkpoint_result.checkpoint_dir_name == "checkpoint_b"
     assert state.latest_checkpoint_result.metrics == {"step": 4, "loss": 0.25}
     assert json.loads((run / SNAPSHOT_FILE).read_text())["ray_version"] == ray.__version__
