@@ -15,7 +15,7 @@ import sys
 from analysis.load import AnalysisError
 from analysis.report import analyze
 from par_ray.cli_args import exit_with
-from par_ray.tracking import check_store
+from par_ray.tracking import check_store, sqlite_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--tracking-uri: required (or set MLFLOW_TRACKING_URI), e.g. "
                      "--tracking-uri sqlite:///runs/backbone_scaling/mlflow.db")
     uri = args.tracking_uri or os.environ["MLFLOW_TRACKING_URI"]
-    if uri.startswith("sqlite:///") and not os.path.exists(uri[len("sqlite:///"):]):
+    if (store := sqlite_file(uri)) is not None and not store.exists():
         # MLflow would create the folder and an empty store there, then report no such experiment
         flag = "--tracking-uri" if args.tracking_uri else "MLFLOW_TRACKING_URI"
         parser.error(f"{flag}: no MLflow store at {uri} (a sweep's is sqlite:///<its --storage>/mlflow.db)")

@@ -89,7 +89,8 @@ class TrackingStoreError(OSError):
         # SQLAlchemy's text: "[(note)] (sqlite3.OperationalError) database or disk is full [SQL: …] …"
         driver = re.search(r"\((?:\w+\.)+\w+\) (.*?)(?: \[SQL:|$)", text)
         reason = (driver.group(1) if driver else text.split(" [SQL:")[0])[:300]
-        where = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else shown_uri(uri)
+        store = sqlite_file(uri)
+        where = str(store) if store is not None else shown_uri(uri)
         if "database or disk is full" in reason or "No space left on device" in reason:
             return cls(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (MLflow tracking store: {reason})", where)
         return cls(errno.EIO, f"MLflow tracking store: {reason}", where)
@@ -203,7 +204,7 @@ def check_store(uri: str, timeout_s: float = SERVER_PROBE_S) -> None:
         raise ValueError(f"{uri} is a path, not a tracking URI (MLflow's file store is retired): a sweep's store is "
                          f"sqlite:///<its --storage>/mlflow.db"
                          + (f", e.g. sqlite:///{Path(path).expanduser().resolve()}" if path.endswith(".db") else ""))
-    if scheme == "sqlite" and not Path(uri[len("sqlite:///"):]).exists():
+    if (store := sqlite_file(uri)) is not None and not store.exists():
         return
     from mlflow.tracking import MlflowClient
     from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
@@ -219,12 +220,17 @@ def check_store(uri: str, timeout_s: float = SERVER_PROBE_S) -> None:
                          ) from None
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a SQLite store URI (``sqlite:///runs/x/mlflow.db`` → ``runs/x/mlflow.db``), else
+    ``None``."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
 def artifact_root(uri: str) -> str | None:
     """Artifact location of new experiments: ``mlartifacts/`` beside a SQLite store (not the process's working
     directory, which under ``ray job submit`` is temporary); ``None`` (the server's or store's default) otherwise."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
-    return None
+    store = sqlite_file(uri)
+    return None if store is None else (store.parent / "mlartifacts").resolve().as_uri()
 
 
 def git_commit(cwd: str | None = None) -> str:
@@ -313,12 +319,13 @@ class SweepTracker:
 
         with store_errors(uri):
             os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # see SweepTracker.client
-            if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+            store = sqlite_file(uri)
+            if store is not None and not store.exists():
                 # a new store: its "Default" experiment gets the artifact folder beside it, as the sweep's does,
                 # not ./mlruns of the working directory (a temporary folder under `ray job submit`)
                 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-                Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+                store.parent.mkdir(parents=True, exist_ok=True)
                 SqlAlchemyStore(uri, artifact_root(uri)).engine.dispose()
             client = MlflowClient(tracking_uri=uri)
             name = experiment_name(sweep)
