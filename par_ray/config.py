@@ -494,7 +494,8 @@ def config_errors(cfg: TrialConfig) -> list[str]:
               lambda: f"must be >= 1 with task.curriculum={list(t.curriculum)} (steps per phase), got "
                       f"{t.curriculum_steps}")
         check("task.curriculum task.curriculum_steps train.steps",
-              lambda: t.curriculum_steps < 1 or len(t.curriculum) * t.curriculum_steps < tr.steps,
+              lambda: (t.curriculum_steps < 1 or tr.steps < 1  # each out of range: reported on its own below
+                       or len(t.curriculum) * t.curriculum_steps < tr.steps),
               lambda: (f"its {len(t.curriculum)} phase(s) of task.curriculum_steps={t.curriculum_steps} end at step "
                        f"{len(t.curriculum) * t.curriculum_steps}, not before train.steps={tr.steps}: the trial would "
                        f"never train at task.train_depth={t.train_depth}, the d_train its G is measured against; "

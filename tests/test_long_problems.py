@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from par_ray.config import BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, from_flat, to_flat
+from par_ray.config import (BackboneConfig, EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig,
+                            config_errors, from_flat, to_flat)
 from par_ray.model.looped import LoopedLM, build_looped
 from par_ray.schedules import curriculum_depth, noise_seed, plan_step, supervised_iterations
 from par_ray.tasks import build_task
@@ -186,6 +187,12 @@ def test_bad_values_are_refused_naming_the_field(field, value, match):
     cfg = dataclasses.replace(cfg, **{field: dataclasses.replace(getattr(cfg, field), **value)})
     with pytest.raises(ValueError, match=match):
         validate(cfg)
+
+
+def test_a_negative_step_count_is_reported_alone_not_as_a_curriculum_that_outlasts_it():
+    cfg = TrialConfig(task=CURRICULUM, train=TrainConfig(steps=-5), eval=EvalConfig(depths=(32, 64)))
+    errs = config_errors(cfg)
+    assert errs == ["train.steps: must be >= 1, got -5"], errs
 
 
 def test_the_new_fields_round_trip_through_the_flat_form():
