@@ -267,10 +267,14 @@ def assigned_cpus() -> int:
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
-    """Ray Train worker function. ``loop_config = {"trial": TrialConfig, "export_dir": str | None}``.
+    """Ray Train worker function. ``loop_config = {"trial": TrialConfig, "export_dir": str | None, "checkpoints":
+    bool}``.
 
     ``export_dir``: also export the final model there: its weights only, ``model.safetensors`` + ``extra.json``
     (``par_ray.train.checkpoint.export_model``; optimizer state stays in the resumable checkpoints).
+    ``checkpoints`` (default true): report the resumable checkpoints (the last step's and every
+    ``train.checkpoint_every``); false in Ray Train's local mode, which keeps none: there a checkpoint would be
+    written (model and optimizer state: ~6 GB at Qwen2.5-0.5B) only to be deleted.
     """
     # Here, not at the top: Ray Train's controller imports this module to unpickle this function, and a Tune trial
     # driver to build the trainer; only workers build a model, and transformers' model code takes seconds to import.
@@ -278,6 +282,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
 
     cfg: TrialConfig = loop_config["trial"]
     export_dir = loop_config.get("export_dir")
+    checkpoints = loop_config.get("checkpoints", True)
     tc = cfg.train
     ctx = ray.train.get_context()  # ray
     world = World(rank=ctx.get_world_rank(), size=ctx.get_world_size(),
@@ -363,7 +368,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if done % tc.eval_every == 0 or is_last:
             last_eval = eval_metrics(engine, task, cfg, stage.recipe, halt, vocab, cot, say=log)
             eval_seconds += last_eval["eval_seconds"]
-        want_ckpt = is_last or (tc.checkpoint_every and done % tc.checkpoint_every == 0)
+        want_ckpt = checkpoints and (is_last or (tc.checkpoint_every and done % tc.checkpoint_every == 0))
         if done % tc.report_every == 0 or is_last or want_ckpt:
             n = max(window["n"], 1)
             # Losses and accuracy are means over this rank's rows; average them over ranks (equal shards) so the
@@ -398,12 +403,15 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 + (f"  {acc_train} {last_eval.get(acc_train, float('nan')):.3f}"
                    f"  G {last_eval['G']:.2f}" if last_eval else ""))
             window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
-            if want_ckpt:
+            if want_ckpt or is_last:
                 extra = {"step": done, "train_seconds": train_seconds, "eval_seconds_total": eval_seconds,
                          "stage_seconds": stage_seconds, "last_eval": last_eval, "config": flat, "report": metrics}
+            if want_ckpt:
                 _report_with_checkpoint(engine, metrics, extra, export_dir if is_last else None)
             else:
                 ray.train.report(metrics)  # ray
+                if is_last and export_dir:
+                    export_model(engine, export_dir, extra)
     if start >= tc.steps and "report" in extra:
         # Resumed a finished run (the same config rerun): nothing to train. Report its final metrics again, with
         # its state, so the caller's Result and the export hold them as after the first run.

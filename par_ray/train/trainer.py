@@ -576,7 +576,8 @@ def build_trainer(cfg: TrialConfig, name: str | None, storage_path: str, local: 
     )
     return Trainer(
         train_loop_per_worker,
-        train_loop_config={"trial": cfg, "export_dir": export_dir},
+        # local mode keeps no checkpoint files (its report holds the checkpoint's folder, which the loop deletes)
+        train_loop_config={"trial": cfg, "export_dir": export_dir, "checkpoints": not local},
         torch_config=torch_config(cfg),
         scaling_config=scaling,
         run_config=ray.train.RunConfig(
