@@ -137,8 +137,10 @@ EVAL_SEQUENCES = 1024
 """Test sequences per depth in the paper preset: what the evaluation time is extrapolated to."""
 
 
-class SectionTimeout(Exception):
-    """Raised by the alarm when a section overruns its time."""
+class SectionTimeout(BaseException):
+    """Raised by the alarm when a section overruns its time. A ``BaseException``, as ``KeyboardInterrupt``: a
+    section's own ``except Exception`` (``train_mfu``'s fallback when the FLOP counter fails) must not swallow it and
+    run on with the one-shot timer spent."""
 
 
 @contextlib.contextmanager

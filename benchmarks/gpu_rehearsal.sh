@@ -13,7 +13,8 @@
 #      files already there are not downloaded again). PyPI's torch 2.11.0 for Linux x86-64 is the CUDA 13 build
 #      (530 MB) and pulls its CUDA libraries: ~2.7 GB in all, the same build as the image's, run here on the CPU;
 #   3. installs every wheel in that folder, with --no-index --no-deps, except those named in benchmarks/gpu_bundle.txt
-#      (dependencies of the image's packages that the image lacks too: the session must find them in the bundle);
+#      and not in gpu_image.txt (dependencies of the image's packages that the image lacks too: the session must find
+#      them in the bundle; a package of both, carried newer than the image may have it, is installed as the image's);
 #   4. prints torch's and transformers' versions (stderr) and the venv's python (stdout).
 # Measured on a 2-core machine with the wheels already downloaded: 1 min 24 s, 93 packages with pip (torch 2.11.0+cu130,
 # transformers 5.17.0); the venv takes 5.2 GB.
@@ -29,7 +30,9 @@ mkdir -p "$CACHE"
 "$VENV/bin/python" -m pip download -q -d "$CACHE" -r benchmarks/gpu_image.txt >&2
 # everything downloaded but what the bundle carries (the image lacks those: they must come from the bundle); of a
 # package downloaded in several versions over time (a floating dependency such as idna), the newest only
-carried=$(grep -v '^#' benchmarks/gpu_bundle.txt | sed 's/==.*//; /^$/d' | tr 'A-Z_.' 'a-z--' | paste -sd'|')
+names() { grep -v '^#' "$1" | sed 's/==.*//; /^$/d' | tr 'A-Z_.' 'a-z--'; }
+image=$(names benchmarks/gpu_image.txt | paste -sd'|')
+carried=$(names benchmarks/gpu_bundle.txt | grep -vxE "$image" | paste -sd'|')
 wheels=$(ls "$CACHE"/*.whl | sort -V | while read -r w; do
   name=$(basename "$w" | cut -d- -f1 | tr 'A-Z_.' 'a-z--')
   echo "$name" | grep -qxE "$carried" || echo "$name $w"

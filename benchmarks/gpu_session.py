@@ -23,10 +23,11 @@ Parts, in priority order (``--parts`` picks some; the rest are listed as left ou
                 few steps: the parent and child runs and their metrics are checked in the store,
                 which comes back as ``sweep_store.tar.gz`` (``mlflow.db``, ``mlartifacts/``, ``analysis/``); polars
                 is not carried (``benchmarks/gpu_bundle.txt``), so ``python -m analysis`` runs on it here.
-``cli_fsdp``, ``cli_deepspeed``
-                the ``cli_paper`` trial for a few steps with ``--strategy fsdp`` and ``--strategy deepspeed``
-                (ZeRO-3). With one worker the CLI runs in Ray Train's local mode: FSDP2 leaves the model plain there
-                (no process group, ``par_ray.train.strategies.fsdp``), DeepSpeed starts a one-rank NCCL group.
+``cli_deepspeed``, ``cli_fsdp``
+                the ``cli_paper`` trial for a few steps with ``--strategy deepspeed`` (ZeRO-3) and ``--strategy
+                fsdp``. With one worker the CLI runs in Ray Train's local mode: DeepSpeed starts a one-rank NCCL
+                group (NCCL, ZeRO-3 and DeepSpeed's own bf16 mode: the path least like ``cli_paper``, so first),
+                FSDP2 leaves the model plain there (no process group, ``par_ray.train.strategies.fsdp``).
 ``g4_timing``   optional, if time is left: the README's G ≥ 4 recipe (tiny-qwen3, d_train 16, curriculum) for 300
                 steps with its curriculum scaled to them, extrapolated to the recipe's 3,000 steps.
 
@@ -70,6 +71,10 @@ IMPORTS = ("ray", "ray.train", "ray.tune", "mlflow", "optuna", "deepspeed", "sql
            "transformers")
 
 
+MIN_PART_S = 20
+"""A part is not started with less time than this left (the dry run's rule; on a GPU: :attr:`Part.gpu_min_s`)."""
+
+
 @dataclass(frozen=True)
 class Part:
     name: str
@@ -77,19 +82,28 @@ class Part:
     """Time limit on a GPU, seconds."""
     dry_s: float
     """Time limit of the CPU dry run, seconds."""
+    gpu_min_s: float = MIN_PART_S
+    """On a GPU the part is not started with less time than this left: it could not finish (its model write, process
+    start and steps), and the device seconds it would burn are a rerun's."""
     optional: bool = False
     """Run only if time is left; not run for lack of time is no failure."""
 
 
-PARTS = (Part("install", 60, 240), Part("gpu_check", 170, 300), Part("cli_paper", 120, 480),
-         Part("sweep", 130, 480), Part("cli_fsdp", 60, 240), Part("cli_deepspeed", 75, 420),
-         Part("g4_timing", 60, 300, optional=True))
+PARTS = (Part("install", 60, 240), Part("gpu_check", 170, 300, 60), Part("cli_paper", 120, 480, 75),
+         Part("sweep", 130, 480, 90), Part("cli_deepspeed", 75, 420, 50), Part("cli_fsdp", 60, 240, 40),
+         Part("g4_timing", 60, 300, 40, optional=True))
 GPU_BUDGET_S = 470
 """The whole session on a GPU: one device call of under 8 minutes, so that a rerun of what failed fits the 15."""
 DRY_BUDGET_S = 2400
 """The dry run on a shared 2-core machine: its limits are the rehearsal's, not the device's."""
-MIN_PART_S = 20
-"""A part is not started with less time than this left."""
+SESSION_ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": "local",
+               # Ray's memory monitor kills workers near the node's MemTotal; a lent machine's RAM may start small
+               # and grow as it is used (the device library's H200.md), and the sweep's checkpoint passes ~6 GB of
+               # model and optimizer state through host memory
+               "RAY_memory_monitor_refresh_ms": "0",
+               # no network there: nothing to report to, and no time to spend trying
+               "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1"}
+"""Environment of every part, over the machine's."""
 
 
 class PartFailed(Exception):
@@ -183,32 +197,65 @@ def _tail(text: str, lines: int = 12) -> str:
 # ----------------------------------------------------------------------------------------------------------------------
 # Parts
 
+_UNMET = """
+import importlib.metadata as md, json
+from packaging.requirements import Requirement
+from packaging.version import Version
+site = {site!r}
+carried = {{d.metadata['Name'].lower().replace('_', '-'): d for d in md.distributions(path=[site])}}
+marker_env = {{'extra': ''}}
+unmet = []
+for name, dist in sorted(carried.items()):
+    for line in dist.requires or []:
+        req = Requirement(line)
+        key = req.name.lower().replace('_', '-')
+        if key in carried or not req.specifier or (req.marker and not req.marker.evaluate(marker_env)):
+            continue
+        try:
+            have = md.version(req.name)
+        except md.PackageNotFoundError:
+            have = None
+        if have is None or not req.specifier.contains(Version(have), prereleases=True):
+            unmet.append(f'{{name}} needs {{req.name}}{{req.specifier}}, the image has {{have}}')
+print(json.dumps(unmet))
+"""
+"""What the carried packages need of the image's (a version the bundle does not carry) that the image's version does
+not meet: recorded, not fatal (a bound is not always a break); it explains an import that fails."""
+
+
 def install(s: Session, limit: float) -> dict:
-    """Unpack the bundle first on ``PYTHONPATH``; import what the product needs; record versions."""
+    """Unpack the bundle first on ``PYTHONPATH``; import what the product needs; record versions and the carried
+    packages' requirements the image's versions do not meet."""
     if not s.bundle.is_file():
         raise PartFailed(f"no bundle at {s.bundle}: run benchmarks/gpu_bundle.sh here and carry .whl")
     target = s.work / "bundle"
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     t0 = time.perf_counter()
-    rc, text = s.run(["tar", "-xJf", str(s.bundle), "-C", str(target)], limit, "install")
+    try:  # Python's lzma: no dependency on an xz program in the image
+        with tarfile.open(s.bundle, "r:xz") as tar:
+            tar.extractall(target, filter="tar")
+    except (OSError, tarfile.TarError, EOFError) as e:
+        raise PartFailed(f"unpacking {s.bundle}: {type(e).__name__}: {e}") from e
     unpack = time.perf_counter() - t0
-    if rc != 0:
-        raise PartFailed(f"tar exit {rc}: {_tail(text)}")
     s.env["PYTHONPATH"] = os.pathsep.join([str(target / "site"), str(ROOT)])
     s.env["PAR_RAY_TOKENIZER_DIR"] = str(target / "qwen_tokenizer")
-    t0 = time.perf_counter()
-    versions = s.python_json(
-        "import importlib, json, sys\n"
-        f"mods = {IMPORTS!r}\n"
-        "out = {}\n"
-        "for m in mods:\n"
-        "    mod = importlib.import_module(m)\n"
-        "    out[m] = [getattr(mod, '__version__', None), getattr(mod, '__file__', '')]\n"
-        "out['python'] = sys.version.split()[0]\n"
-        "print(json.dumps(out))", max(limit - unpack, 10), "install")
-    imports = time.perf_counter() - t0
     site = str(target / "site")
+    unmet = s.python_json(_UNMET.format(site=site), 30, "install")
+    t0 = time.perf_counter()
+    try:
+        versions = s.python_json(
+            "import importlib, json, sys\n"
+            f"mods = {IMPORTS!r}\n"
+            "out = {}\n"
+            "for m in mods:\n"
+            "    mod = importlib.import_module(m)\n"
+            "    out[m] = [getattr(mod, '__version__', None), getattr(mod, '__file__', '')]\n"
+            "out['python'] = sys.version.split()[0]\n"
+            "print(json.dumps(out))", max(limit - unpack, 10), "install")
+    except PartFailed as e:
+        raise PartFailed(f"{e}; the carried packages' unmet requirements: {unmet or 'none'}") from e
+    imports = time.perf_counter() - t0
     carried = [m for m in ("ray", "mlflow", "optuna", "deepspeed") if not str(versions[m][1]).startswith(site)]
     if carried:
         raise PartFailed(f"{carried} imported from outside the bundle ({[versions[m][1] for m in carried]})")
@@ -216,6 +263,7 @@ def install(s: Session, limit: float) -> dict:
     if "tokenizer.json" not in tokenizer:
         raise PartFailed(f"the bundle has no Qwen tokenizer files ({tokenizer})")
     return {"bundle_bytes": s.bundle.stat().st_size, "unpack_seconds": unpack, "import_seconds": imports,
+            "unmet_requirements": unmet,
             "versions": {k: (v[0] if isinstance(v, list) else v) for k, v in versions.items()},
             "tokenizer_files": tokenizer, "manifest": (target / "MANIFEST.txt").read_text().split()}
 
@@ -373,13 +421,15 @@ def _measure_trial(s: Session, out: Path, text: str, peak: float | None) -> dict
 
 
 def _peak_flops(s: Session) -> float | None:
-    """The datasheet bf16 peak of the card (``par_ray.hardware``), as the cost model divides by; ``None`` dry."""
+    """The datasheet bf16 peak of the card (``par_ray.hardware``, standard library only: read here, not in a process
+    that starts CUDA), as the cost model divides by; ``None`` dry or for a card it does not list."""
     if s.dry:
         return None
-    return s.python_json(
-        "import json, torch\nfrom par_ray import hardware\n"
-        "d = hardware.DEVICES.get(hardware.ray_accelerator_type(torch.cuda.get_device_name(0)))\n"
-        "print(json.dumps(d.peak_tflops * 1e12 if d and d.peak_tflops else None))", 60, "peak") or None
+    sys.path.insert(0, str(ROOT))
+    from par_ray import hardware
+
+    device = hardware.DEVICES.get(s.device_type)
+    return device.peak_tflops * 1e12 if device and device.peak_tflops else None
 
 
 def cli_paper(s: Session, limit: float) -> dict:
@@ -395,7 +445,9 @@ def cli_paper(s: Session, limit: float) -> dict:
     rc, text = s.run(argv, limit - (time.perf_counter() - t0), "cli_paper")
     if rc != 0:
         raise PartFailed(f"the CLI exited {rc}: {_tail(text)}")
-    return {"model_dir": written, "trial": _measure_trial(s, out, text, _peak_flops(s))}
+    trial = _measure_trial(s, out, text, _peak_flops(s))
+    shutil.rmtree(out, ignore_errors=True)  # measured: its export's gigabytes are the next parts' disk
+    return {"model_dir": written, "trial": trial}
 
 
 def _cli_strategy(s: Session, limit: float, strategy: str) -> dict:
@@ -405,7 +457,9 @@ def _cli_strategy(s: Session, limit: float, strategy: str) -> dict:
     rc, text = s.run(argv, limit, f"cli_{strategy}")
     if rc != 0:
         raise PartFailed(f"the CLI exited {rc}: {_tail(text)}")
-    return _measure_trial(s, out, text, _peak_flops(s))
+    trial = _measure_trial(s, out, text, _peak_flops(s))
+    shutil.rmtree(out, ignore_errors=True)
+    return trial
 
 
 def sweep(s: Session, limit: float) -> dict:
@@ -450,6 +504,7 @@ def sweep(s: Session, limit: float) -> dict:
                                                 for r in children):
         raise PartFailed(f"the store does not hold one parent and finished trial runs with G: {runs}")
     analysis = sorted(p.name for p in (storage / "analysis").glob("*")) if (storage / "analysis").is_dir() else []
+    shutil.rmtree(storage, ignore_errors=True)  # its store came back as sweep_store.tar.gz; its checkpoints: disk
     return {"seconds": seconds, "runs": runs, "analysis_files": analysis,
             "analysis": "ran in the sweep" if analysis else
             "not run there (no polars): tar -xzf sweep_store.tar.gz -C S && python -m analysis --experiment "
@@ -484,8 +539,8 @@ def g4_timing(s: Session, limit: float) -> dict:
 
 
 JOBS = {"install": install, "gpu_check": gpu_check, "cli_paper": cli_paper, "sweep": sweep,
-        "cli_fsdp": lambda s, limit: _cli_strategy(s, limit, "fsdp"),
-        "cli_deepspeed": lambda s, limit: _cli_strategy(s, limit, "deepspeed"), "g4_timing": g4_timing}
+        "cli_deepspeed": lambda s, limit: _cli_strategy(s, limit, "deepspeed"),
+        "cli_fsdp": lambda s, limit: _cli_strategy(s, limit, "fsdp"), "g4_timing": g4_timing}
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -549,8 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     s = Session(dry=args.dry_run, out=out, work=work, python=args.python, bundle=Path(args.bundle).resolve())
     s.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-             "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "RAY_ADDRESS": "local",
-             "PAR_RAY_GIT_COMMIT": _git_commit()}
+             **SESSION_ENV, "PAR_RAY_GIT_COMMIT": _git_commit()}
     s.env.pop("MLFLOW_TRACKING_URI", None)  # the sweep's own SQLite store under its --storage
     # torch keys its default JIT-extension cache by Python and CUDA build (~/.cache/torch_extensions/py312_cu130):
     # a TORCH_EXTENSIONS_DIR shared with another Python (the project venv's) would have the dry run's DeepSpeed
@@ -578,13 +632,17 @@ def main(argv: list[str] | None = None) -> int:
     for part in PARTS:
         entry = s.doc["parts"][part.name] = {}
         left = budget - (time.monotonic() - t_start)
+        need = MIN_PART_S if s.dry else part.gpu_min_s
         if part.name not in names:
             entry.update(status="left out", reason="--parts")
-        elif left < MIN_PART_S:
-            entry.update(status="not run", reason=f"the session's {budget:.0f} s are spent")
+        elif left < need:
+            entry.update(status="not run", reason=f"{max(left, 0):.0f} s of the session's {budget:.0f} s left, under "
+                                                  f"the {need:.0f} s this part needs")
         else:
             limit = min(part.dry_s if s.dry else part.gpu_s, left)
             s.say(f"{part.name}: up to {limit:.0f} s")
+            entry.update(status="running", limit_s=limit)  # what a run cut from outside (timeout, TERM) shows
+            s.write()
             t0 = time.monotonic()
             try:
                 entry.update(status="ok", result=JOBS[part.name](s, limit))

@@ -6,6 +6,12 @@
 # Here, before the call: benchmarks/gpu_bundle.sh (writes .whl/gpu_bundle.tar.xz, prints the carried size). Then one
 # device call, from the repository root, carrying .whl:
 #   run(command="bash benchmarks/gpu_session.sh", carry=[".whl"], timeout_s=560)
+# Its parts run in priority order and a part is not started without the time it needs (gpu_session.py's PARTS), so
+# on a slow machine the last ones (cli_deepspeed, cli_fsdp, g4_timing) are listed "not run". Those, or any that
+# failed and were fixed, go in a second call at once (the machine stays warm only ~30 s; a fresh one starts bare,
+# so the call installs again and writes the model again):
+#   run(command="bash benchmarks/gpu_session.sh --parts install,cli_deepspeed,cli_fsdp --budget-s 240",
+#       carry=[".whl"], timeout_s=300)
 # Rehearsal on the CPU (tiny shapes; the bundle needs a Python 3.12 whose torch and transformers stand in for the
 # image's, e.g. PYTHON=/path/to/py312/bin/python):
 #   PYTHON=... OUT=/tmp/session benchmarks/gpu_session.sh --dry-run

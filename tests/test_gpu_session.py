@@ -76,6 +76,52 @@ def test_a_part_that_did_nothing_fails_and_parts_out_of_time_are_not_a_pass(tmp_
     assert len(ran) == 1 and 20 <= ran[0] <= 100 and _doc(out)["passed"] is True
 
 
+def test_on_a_gpu_a_part_is_not_started_without_the_time_it_needs(tmp_path, monkeypatch):
+    """On a GPU a part starts only with its ``gpu_min_s`` left (a part that cannot finish burns device seconds a
+    rerun needs), and its entry reads ``running`` while it runs (what a run cut from outside leaves); DeepSpeed, the
+    path least like ``cli_paper``, comes before FSDP (unsharded on one worker)."""
+    session = _load()
+    names = [p.name for p in session.PARTS]
+    assert names == list(session.JOBS) and names.index("cli_deepspeed") < names.index("cli_fsdp")
+    monkeypatch.setattr(session, "_cuda_device", lambda python, env: "H100")
+    seen = []
+
+    def job(s, limit):
+        seen.append((limit, _doc(tmp_path / "out")["parts"]["cli_deepspeed"]["status"]))
+        return {}
+
+    monkeypatch.setattr(session, "JOBS", {**session.JOBS, "cli_deepspeed": job})
+    argv = ["--out", str(tmp_path / "out"), "--work", str(tmp_path / "w"), "--parts", "cli_deepspeed"]
+    need = {p.name: p.gpu_min_s for p in session.PARTS}["cli_deepspeed"]
+    assert session.main([*argv, "--budget-s", str(need - 5)]) == 1
+    entry = _doc(tmp_path / "out")["parts"]["cli_deepspeed"]
+    assert seen == [] and entry["status"] == "not run" and f"under the {need:.0f} s this part needs" in entry["reason"]
+    assert session.main([*argv, "--budget-s", str(need + 5)]) == 0
+    assert len(seen) == 1 and seen[0][1] == "running" and need < seen[0][0] <= need + 5
+
+
+def test_the_install_reports_what_the_carried_packages_need_that_the_image_lacks(tmp_path):
+    """The install's requirement check: a carried package's bound on a package the bundle does not carry, unmet by
+    the image's version, is listed (pydantic's typing-extensions, googleapis' protobuf); met bounds, packages the
+    bundle carries itself and other extras' requirements are not."""
+    session = _load()
+    site = tmp_path / "site"
+    for name, requires in (("carried-a", ["packaging>=999", "pytest>=1", "carried-b>=999",
+                                          'torch>=999; extra == "gpu"']),
+                           ("carried-b", [])):
+        info = site / f"{name.replace('-', '_')}-1.0.dist-info"
+        info.mkdir(parents=True)
+        info.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: " + name + "\nVersion: 1.0\n"
+                                             + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-c", session._UNMET.format(site=str(site))], env=env, capture_output=True,
+                         text=True, timeout=60)
+    import packaging
+
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [f"carried-a needs packaging>=999, the image has {packaging.__version__}"]
+
+
 def test_a_trial_without_its_result_or_export_fails_its_part(tmp_path):
     session = _load()
     s = session.Session(dry=True, out=tmp_path, work=tmp_path, python=sys.executable, bundle=tmp_path / "b")
