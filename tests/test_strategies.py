@@ -89,6 +89,23 @@ def test_checkpoint_round_trip_continues_identically(strategy, tmp_path):
     assert run_steps(fresh, task, range(3, 6)) == pytest.approx(want, abs=1e-6)
 
 
+def test_a_resumed_adamw_keeps_its_step_counters_on_the_host():
+    """Loaded to a GPU (``map_location=engine.device``), AdamW's per-parameter ``step`` stays there, and torch's
+    foreach AdamW then syncs on each one every step; ``steps_on_host`` puts them back on the CPU, where torch keeps
+    them. A fake CUDA tensor stands in for the GPU (``FakeTensorMode``); fused / capturable groups are left alone."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from par_ray.train.checkpoint import steps_on_host
+
+    plain, fused = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([{"params": [plain]}, {"params": [fused], "fused": True}])
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        opt.state[plain]["step"] = torch.tensor(3.0, device="cuda")
+        opt.state[fused]["step"] = torch.tensor(3.0, device="cuda")
+        steps_on_host(opt)
+        assert opt.state[plain]["step"].device.type == "cpu" and opt.state[fused]["step"].device.type == "cuda"
+
+
 def test_deepspeed_refuses_the_untied_baseline():
     tc = dataclasses.replace(TRAIN, strategy="deepspeed")
     untied = build_looped(BackboneConfig(), dataclasses.replace(RECIPE, tied=False), vocab_size=8)
