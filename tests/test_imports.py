@@ -71,6 +71,15 @@ def test_trial_driver_and_controller_import_no_model_code(tmp_path):
     assert "transformers.models" in worker_modules and "par_ray.model.looped" in worker_modules, worker_modules
 
 
+def test_the_training_loop_imports_the_ray_train_module_it_calls():
+    """``train_loop_per_worker`` calls ``ray.train.torch.get_device()``: the loop imports that module itself, not
+    through whichever other module (the trainer, Ray's Torch backend) happened to import it first."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    code = "import ray.train, par_ray.train.loop; print(hasattr(ray.train, 'torch'))"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split()[-1] == "True", proc.stdout + proc.stderr[-2000:]
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Layering (import-linter contracts in pyproject.toml)
 

@@ -34,6 +34,7 @@ import tempfile
 import time
 
 import ray.train  # ray
+import ray.train.torch  # ray: get_device, on workers and in local mode alike
 import torch
 
 from par_ray.config import TrialConfig, to_flat
