@@ -352,6 +352,25 @@ def test_max_concurrent_trials_from_cluster_resources():
                                                r"7b needs 4 GPU, 0.5 GiB memory on H100 nodes"):
         sweep.max_concurrent_trials(typed, {"GPU": 8.0, "memory": 100 * gib, "accelerator_type:L40S": 2.0})
     assert sweep.max_concurrent_trials(typed, {"GPU": 8.0, "memory": 100 * gib, "accelerator_type:H100": 1.0}) == 2
+    # the paper preset asks for H100s unless told: on a cluster of other GPUs the error names them and the flag
+    with pytest.raises(SweepConfigError, match=r"add nodes\. Or: they ask for H100 GPUs and the cluster's are "
+                                               r"H200/L40S: to run on those, pass --gpu-types H200,L40S\.$"):
+        sweep.max_concurrent_trials(typed, {"GPU": 16.0, "memory": 100 * gib, "accelerator_type:L40S": 1.0,
+                                            "accelerator_type:H200": 1.0})
+    with pytest.raises(SweepConfigError, match=r"add nodes\.$"):  # no GPUs at all: nothing to name
+        sweep.max_concurrent_trials(typed, {"CPU": 8.0, "memory": 100 * gib})
+
+
+def test_a_single_run_that_asks_for_another_gpu_type_is_told_the_clusters_and_the_setting(monkeypatch):
+    """``python -m par_ray.train`` on a cluster (``check_fits``): the same GPU-type clause, with the CLI's setting."""
+    from par_ray.train import cluster
+
+    monkeypatch.setattr(cluster, "autoscaler_limits_unknown", lambda: False)
+    monkeypatch.setattr(cluster, "cluster_capacity", lambda: {"GPU": 1.0, "accelerator_type:H200": 1.0})
+    with pytest.raises(ValueError, match=r"on H100 nodes; they ask for H100 GPUs and the cluster's are H200: to run "
+                                         r"on those, pass --set train.accelerator_type=H200$"):
+        cluster.check_fits("this run", {"GPU": 1.0, "accelerator_type:H100": 0.001})
+    cluster.check_fits("this run", {"GPU": 1.0, "accelerator_type:H200": 0.001})
 
 
 def test_dry_run_paper_prints_the_plan_without_a_gpu_and_one_error_per_missing_backbone():

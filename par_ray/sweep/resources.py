@@ -19,7 +19,7 @@ from par_ray.config import TrialConfig
 from par_ray.hardware import Table
 from par_ray.train import cluster
 from par_ray.train.cluster import (ACCELERATOR_PREFIX, autoscaler_limits_unknown, cluster_capacity,  # noqa: F401
-                                   exception_chain, format_resources, ray_address, unfit)
+                                   exception_chain, format_resources, gpu_type_hint, ray_address, unfit)
 from par_ray.sweep.spec import (GPU_TYPES_KEY, GRID_DIMS, Plan, SweepConfigError, cells_of, count_trials, domain_ends,
                                 fixed_overrides, trial_label)
 
@@ -45,8 +45,10 @@ def max_concurrent_trials(needs: list[tuple[str, dict[str, float]]], cluster: ty
     """
     too_big = unfit(needs, cluster)
     if too_big:
+        hint = gpu_type_hint(needs, cluster, "--gpu-types {}")
         raise SweepConfigError(f"the Ray cluster ({format_resources(cluster)}) cannot fit these trials: " + "; ".join(too_big)
-                               + ". Choose smaller --backbones, --preset local, or add nodes.")
+                               + ". Choose smaller --backbones, --preset local, or add nodes."
+                               + (f" Or: {hint}." if hint else ""))
     largest: dict[str, float] = {}
     for _, need in needs:
         for k, v in need.items():

@@ -91,6 +91,21 @@ def unfit(needs: typing.Iterable[tuple[str, typing.Mapping[str, float]]], cluste
                    if any(cluster.get(k, 0.0) + 1e-9 < v for k, v in need.items())})
 
 
+def gpu_type_hint(needs: typing.Iterable[tuple[str, typing.Mapping[str, float]]], cluster: typing.Mapping[str, float],
+                  flag: str) -> str:
+    """A clause for a "cannot fit" error when ``needs`` ask for a GPU type (``accelerator_type:<type>``) the
+    ``cluster`` has no node of while it has GPUs of other types: it names them and ``flag`` (formatted with their
+    types, e.g. ``"--gpu-types {}"``); ``""`` otherwise. The paper preset asks for H100s unless told."""
+    have = sorted(k.removeprefix(ACCELERATOR_PREFIX) for k, v in cluster.items()
+                  if k.startswith(ACCELERATOR_PREFIX) and v)
+    wanted = sorted({k.removeprefix(ACCELERATOR_PREFIX) for _, need in needs for k, v in need.items()
+                     if k.startswith(ACCELERATOR_PREFIX) and v} - set(have))
+    if not (have and wanted):
+        return ""
+    return (f"they ask for {'/'.join(wanted)} GPUs and the cluster's are {'/'.join(have)}: to run on those, pass "
+            f"{flag.format(','.join(have))}")
+
+
 def check_fits(label: str, need: typing.Mapping[str, float]) -> None:
     """Raise ``ValueError`` ("the Ray cluster (…) cannot fit <label>: it needs …") when ``need`` (a run's Train
     workers, Ray's resource names) exceeds the connected cluster's :func:`cluster_capacity`; nothing when it fits, or
@@ -99,8 +114,9 @@ def check_fits(label: str, need: typing.Mapping[str, float]) -> None:
         return
     cluster = cluster_capacity()
     if unfit([(label, need)], cluster):
+        hint = gpu_type_hint([(label, need)], cluster, "--set train.accelerator_type={}")
         raise ValueError(f"the Ray cluster ({format_resources(cluster)}) cannot fit {label}: it needs "
-                         f"{format_resources(need)}")
+                         f"{format_resources(need)}" + (f"; {hint}" if hint else ""))
 
 
 # --------------------------------------------------------------------------------------------------------------------
