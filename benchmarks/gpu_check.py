@@ -190,8 +190,8 @@ def _model(plan: Plan) -> LoopedLM:
     allocated on the plan's device (on a GPU a 0.5B model initialises there in a fraction of the CPU's time)."""
     torch.manual_seed(0)
     vocab = _vocab_override(plan)
-    with torch.device(_device(plan)):
-        return LoopedLM(backbones.load(plan.backbone, **({"vocab_size": vocab} if vocab else {})))
+    with torch.device(_device(plan)):  # the adapter; the parent is placed by backbones.load's own device
+        return LoopedLM(backbones.load(plan.backbone, device=_device(plan), **({"vocab_size": vocab} if vocab else {})))
 
 
 def _engine(plan: Plan, model: LoopedLM, strategy: str = "ddp"):

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
@@ -346,4 +347,13 @@ def test_a_section_overrunning_inside_its_own_except_exception_is_still_stopped(
             except Exception:  # noqa: BLE001 - what a section's fallback does
                 time.sleep(5)
     assert time.perf_counter() - t0 < 2
+
+
+def test_the_gpu_checks_model_is_built_on_the_plans_device(monkeypatch):
+    """The parent goes where the plan says (on a GPU: initialised there, not on the host and moved): the meta device
+    stands in for CUDA; ``backbones.load`` placed it on the CPU whatever the caller's device context."""
+    gpu_check = _load("gpu_check")
+    monkeypatch.setattr(gpu_check, "_device", lambda plan: torch.device("meta"))
+    model = gpu_check._model(gpu_check.DRY_PLAN)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
 
