@@ -424,7 +424,8 @@ def _peak_flops(s: Session) -> float | None:
     that starts CUDA), as the cost model divides by; ``None`` dry or for a card it does not list."""
     if s.dry:
         return None
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     from par_ray import hardware
 
     device = hardware.DEVICES.get(s.device_type)

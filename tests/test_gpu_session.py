@@ -51,6 +51,9 @@ def test_the_gpu_parts_ask_ray_for_the_card_the_machine_has(tmp_path):
                         device_type="H100")
     argv, _ = session._cli_argv(s, "cli_paper")
     assert "train.accelerator_type=H100" in argv and not any("H200" in a for a in argv)
+    from par_ray import hardware  # the MFU's denominator: the found card's datasheet peak, read without CUDA
+
+    assert session._peak_flops(s) == hardware.DEVICES["H100"].peak_tflops * 1e12 > 0
 
 
 def test_a_part_that_did_nothing_fails_and_parts_out_of_time_are_not_a_pass(tmp_path, monkeypatch):
