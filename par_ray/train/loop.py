@@ -408,15 +408,17 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 extra = {"step": done, "train_seconds": train_seconds, "eval_seconds_total": eval_seconds,
                          "stage_seconds": stage_seconds, "last_eval": last_eval, "config": flat, "report": metrics}
             if want_ckpt:
-                _report_with_checkpoint(engine, metrics, extra, export_dir if is_last else None)
+                _report_with_checkpoint(engine, metrics, extra)
             else:
                 ray.train.report(metrics)  # ray
-                if is_last and export_dir:
-                    export_model(engine, export_dir, extra)
+            if is_last and export_dir:
+                export_model(engine, export_dir, extra)
     if start >= tc.steps and "report" in extra:
         # Resumed a finished run (the same config rerun): nothing to train. Report its final metrics again, with
         # its state, so the caller's Result and the export hold them as after the first run.
-        _report_with_checkpoint(engine, extra["report"], extra, export_dir)
+        _report_with_checkpoint(engine, extra["report"], extra)
+        if export_dir:
+            export_model(engine, export_dir, extra)
 
 
 def gpu_seconds(train_seconds: float, eval_seconds: float, stage_seconds: list[float],
@@ -429,14 +431,13 @@ def gpu_seconds(train_seconds: float, eval_seconds: float, stage_seconds: list[f
             **{gpu_seconds_stage(i): s * world_size for i, s in enumerate(stage_seconds)}}
 
 
-def _report_with_checkpoint(engine, metrics: dict, extra: dict, export_dir: str | None) -> None:
-    """Save the engine's state with ``extra`` and report it with ``metrics``; also export the model's weights to
-    ``export_dir``."""
+def _report_with_checkpoint(engine, metrics: dict, extra: dict) -> None:
+    """Save the engine's state with ``extra`` and report it with ``metrics``. The final model's export, outside Ray's
+    storage (weights only), follows the last report: ``export_model`` on every rank (sharded strategies gather to
+    rank 0)."""
     with tempfile.TemporaryDirectory() as d:
         engine.save(d, extra)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))  # ray
-    if export_dir:  # the model outside Ray's storage, weights only (local mode keeps no checkpoint files)
-        export_model(engine, export_dir, extra)  # every rank: sharded strategies gather to rank 0
 
 
 def read_checkpoint_config(directory: str) -> dict | None:
