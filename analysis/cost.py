@@ -3,11 +3,15 @@
 A sweep logs on every child run its plan as params (``cost.*``, ``par_ray.cost.TrialCost.params``: planned FLOPs,
 GPU-hours for training and evaluation, wall hours, dollars, the device, its peak) and what it used as metrics
 (``gpu_seconds_train``, ``gpu_seconds_eval``, ``gpu_seconds_stage{i}``: the training loop's measured seconds × its
-devices, ``par_ray.train.loop.gpu_seconds``); both sets of names are ``par_ray.tracking_schema``'s. MLflow keeps the
-run's wall time (start to end). This module joins the two into the ``plan_vs_actual`` table and derives the measured
-MFU per device and phase, planned FLOPs ÷ (actual device-seconds × peak), and the start-up (wall time outside the
-steps and evaluations), written as ``cost_overrides.json``: a price file the sweeps' ``--prices`` reads
-(``par_ray.hardware.load_table``), so the next plan uses the MFU and start-up this sweep measured.
+devices, ``par_ray.train.loop.gpu_seconds``; ``flops_eval``: the FLOPs its evaluations did); both sets of names are
+``par_ray.tracking_schema``'s. MLflow keeps the run's wall time (start to end). This module joins the two into the
+``plan_vs_actual`` table and derives the measured MFU per device and phase, FLOPs ÷ (actual device-seconds × peak), and
+the start-up (wall time outside the steps and evaluations), written as ``cost_overrides.json``: a price file the sweeps'
+``--prices`` reads (``par_ray.hardware.load_table``), so the next plan uses the MFU and start-up this sweep measured.
+The FLOPs are the plan's for training (the expectation over the step's draws) and, for evaluation, those the evaluations
+did (``flops_eval``, ``par_ray.cost.eval_flops_done``; the plan's where a run predates it): the plan counts the test
+sequences adaptive sampling may add at their worst case, about twice what a run adds, and an MFU measured against it
+would read about twice too high (above 1 in local sweeps).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 import polars as pl
 
 from analysis.tables import MISSING, Table
-from par_ray.tracking_schema import GPU_SECONDS_EVAL, GPU_SECONDS_TRAIN, cost_param
+from par_ray.tracking_schema import FLOPS_EVAL, GPU_SECONDS_EVAL, GPU_SECONDS_TRAIN, cost_param
 
 PARAMS = {field: cost_param(field) for field in (
     "device", "devices", "peak_flops", "planned_train_flops", "planned_eval_flops", "planned_train_gpu_hours",
@@ -43,21 +47,24 @@ def planned_frame(client, run_ids: typing.Iterable[str]) -> pl.DataFrame:
 
 
 def joined(trials: pl.DataFrame, planned: pl.DataFrame) -> pl.DataFrame:
-    """Finished trials with their plan and their actual device-hours, wall hours and measured MFUs."""
+    """Finished trials with their plan and their actual device-hours, wall hours, evaluation FLOPs (``eval_flops``:
+    the run's :data:`~par_ray.tracking_schema.FLOPS_EVAL`, else the plan's) and measured MFUs."""
     have = set(trials.columns)
-    metric = {k: (pl.col(k) if k in have else pl.lit(None, pl.Float64)) for k in (GPU_SECONDS_TRAIN, GPU_SECONDS_EVAL)}
+    metric = {k: (pl.col(k).cast(pl.Float64) if k in have else pl.lit(None, pl.Float64))
+              for k in (GPU_SECONDS_TRAIN, GPU_SECONDS_EVAL, FLOPS_EVAL)}
     frame = trials.filter(pl.col("status") == "FINISHED").join(planned, on="run_id", how="inner")
     return frame.with_columns(
         (metric[GPU_SECONDS_TRAIN] / 3600).alias("actual_train_gpu_hours"),
         (metric[GPU_SECONDS_EVAL] / 3600).alias("actual_eval_gpu_hours"),
         (pl.col("duration_s") / 3600).alias("actual_wall_hours"),
+        metric[FLOPS_EVAL].fill_nan(None).fill_null(pl.col("planned_eval_flops")).alias("eval_flops"),
     ).with_columns(
         # the wall time the loop's steps and evaluations do not account for: worker group, model, MLflow, checkpoints
         (pl.col("actual_wall_hours") - (pl.col("actual_train_gpu_hours") + pl.col("actual_eval_gpu_hours"))
          / pl.col("devices")).alias("actual_startup_hours"),
         (pl.col("planned_train_flops") / (pl.col("actual_train_gpu_hours") * 3600 * pl.col("peak_flops")))
         .alias("mfu_train"),
-        (pl.col("planned_eval_flops") / (pl.col("actual_eval_gpu_hours") * 3600 * pl.col("peak_flops")))
+        (pl.col("eval_flops") / (pl.col("actual_eval_gpu_hours") * 3600 * pl.col("peak_flops")))
         .alias("mfu_eval"),
     )
 
@@ -98,7 +105,9 @@ def plan_vs_actual(frame: pl.DataFrame) -> Table | None:
             f"(metrics gpu_seconds_train, gpu_seconds_eval); wall: the MLflow run's start to end (Ray start-up, "
             f"checkpoints and reports included); start-up: the wall time outside the steps and evaluations. Plan: "
             f"par_ray.cost at the MFU and start-up in the run's params (cost.mfu_train, cost.mfu_eval, "
-            f"cost.planned_startup_hours); measured MFU = planned FLOPs ÷ (actual device-seconds × peak). Sum of "
+            f"cost.planned_startup_hours); measured MFU = FLOPs ÷ (actual device-seconds × peak): training's as "
+            f"planned, evaluation's as the run did them (metric {FLOPS_EVAL}; the plan counts the test sequences "
+            f"adaptive sampling may add at their worst case). Sum of "
             f"trial wall times: plan {_h(totals[0, 0])}, actual {_h(totals[0, 1])} "
             f"({_pct(totals[0, 0], totals[0, 1])}).")
     return Table("plan_vs_actual", "Planned vs actual cost per trial", pl.DataFrame(rows), (note,))
@@ -106,15 +115,15 @@ def plan_vs_actual(frame: pl.DataFrame) -> Table | None:
 
 def measured_overrides(frame: pl.DataFrame, source: str) -> dict:
     """A price file (``par_ray.hardware.load_table``) setting each device's measured MFUs: the device-seconds-weighted
-    mean over the finished trials of :func:`joined` (total planned FLOPs ÷ total device-seconds × peak); and, beside
-    a measured MFU, its start-up (``startup_s``: the median over those trials of the wall time outside their steps and
-    evaluations)."""
+    mean over the finished trials of :func:`joined` (their FLOPs, evaluation's as run, ÷ their device-seconds × peak);
+    and, beside a measured MFU, its start-up (``startup_s``: the median over those trials of the wall time outside their
+    steps and evaluations)."""
     devices = {}
     for (device,), g in frame.group_by("device"):
         entry = {"mfu_source": source}
         for phase in ("train", "eval"):
             seconds = g.select(pl.col(f"actual_{phase}_gpu_hours") * 3600 * pl.col("peak_flops")).to_series()
-            flops = g[f"planned_{phase}_flops"]
+            flops = g["planned_train_flops" if phase == "train" else "eval_flops"]
             ok = seconds.is_not_null() & (seconds > 0) & flops.is_not_null()
             if ok.any():
                 mfu = float(flops.filter(ok).sum() / seconds.filter(ok).sum())

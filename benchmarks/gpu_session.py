@@ -381,7 +381,8 @@ _PROGRESS = re.compile(r"step\s+(\d+)/(\d+)\s+loss\s+(\S+)\s+(\S+) steps/s")
 
 def _measure_trial(s: Session, out: Path, text: str, peak: float | None) -> dict:
     """What one CLI trial measured (``OUT/result.json``, its progress lines) against ``par_ray.cost`` and
-    ``par_ray.planner``; raises :class:`PartFailed` when the trial left no result, no export or no timing."""
+    ``par_ray.planner``; raises :class:`PartFailed` when the trial left no result, no export, no timing or no
+    evaluation."""
     if not (out / "result.json").is_file():
         raise PartFailed(f"no result.json in {out}: {_tail(text)}")
     result = json.loads((out / "result.json").read_text())
@@ -390,6 +391,9 @@ def _measure_trial(s: Session, out: Path, text: str, peak: float | None) -> dict
         raise PartFailed(f"no export at {export}")
     if not result.get("step_time_s") or not result.get("tokens_per_s"):
         raise PartFailed(f"result.json has no step timing: {sorted(result)}")
+    eval_flops = result.get("eval_flops")  # the evaluations' FLOPs as they ran (par_ray.cost.eval_flops_done)
+    if not eval_flops or not result.get("eval_seconds"):
+        raise PartFailed(f"result.json has no evaluation FLOPs or seconds: {sorted(result)}")
     windows = [{"step": int(m[1]), "loss": float(m[3]), "steps_per_s": float(m[4])} for m in _PROGRESS.finditer(text)]
     plan = s.python_json(
         "import json, sys\n"
@@ -403,15 +407,18 @@ def _measure_trial(s: Session, out: Path, text: str, peak: float | None) -> dict
         60, "plan")
     step_s = result["step_time_s"]
     measured = result["peak_memory_mb"] * 2**20 if result.get("peak_memory_mb") else None
-    train, evaluation = result["train_seconds"], result.get("eval_seconds") or 0.0
+    train, evaluation = result["train_seconds"], result["eval_seconds"]
     flops_per_s = plan["step_flops_mean"] / step_s
     return {"steps_per_s": 1 / step_s, "step_time_s": step_s, "tokens_per_s": result["tokens_per_s"],
             "flops_per_s_model": flops_per_s, "mfu_model": flops_per_s / peak if peak else None,
             "peak_flops_per_s": peak, "peak_memory_bytes": measured, "planned_bytes": plan["planned_bytes"],
             "plan_error": (plan["planned_bytes"] - measured) / measured if measured else None,
             "train_seconds": train, "eval_seconds": evaluation,
-            "eval_share": evaluation / (train + evaluation) if train + evaluation else None,
-            "eval_flops_per_s_model": plan["eval_flops"] / evaluation if evaluation else None,
+            "eval_share": evaluation / (train + evaluation),
+            # the evaluations' FLOPs as they ran (metric flops_eval); the plan counts adaptive sampling's worst case
+            "eval_flops": eval_flops, "eval_flops_planned": plan["eval_flops"],
+            "eval_flops_per_s_model": eval_flops / evaluation,
+            "eval_mfu_model": eval_flops / evaluation / peak if peak else None,
             "wall_seconds": result.get("wall_seconds"), "final_loss": result.get("final_loss"),
             # the trial's wall outside its steps and evaluations: par_ray.hardware.DEFAULT_STARTUP_S["gpu"] to check
             "startup_s": result["wall_seconds"] - train - evaluation if result.get("wall_seconds") else None,

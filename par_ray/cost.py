@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from par_ray.hardware import Table, load_table
 from par_ray.planner import ModelShape, model_shape
 from par_ray.schedules import curriculum_phases, iterations_at, supervised_iterations
-from par_ray.tracking_schema import cost_param
+from par_ray.tracking_schema import cost_param, depth_metric
 
 if typing.TYPE_CHECKING:
     from par_ray.config import RecipeConfig, TrialConfig
@@ -287,6 +287,17 @@ def eval_flops(cfg: TrialConfig, rc: RecipeConfig, shape: ModelShape, world: int
     T, Q = _eval_lengths(cfg.task, d, bool(cfg.recipe.cot))
     R = iterations_at(d, cfg.recipe.ops_per_iteration, cfg.recipe.fixed_iterations)
     return total + n_probe * forward_flops(shape, T, Q, R, R, conv)
+
+
+def eval_flops_done(cfg: TrialConfig, rc: RecipeConfig, shape: ModelShape, metrics: typing.Mapping[str, float],
+                    world: int = 1) -> float:
+    """FLOPs of an evaluation that ran (:func:`eval_flops`), its ``metrics`` (``train.loop.eval_metrics``) saying how
+    many test sequences each depth got (``sequences_d{D}``; a depth without one: ``eval.sequences_at(d)``, none
+    added). The actual side of the plan's evaluation FLOPs, which counts adaptive sampling at its worst case."""
+    ev = cfg.eval
+    added = {d: max(0, round(metrics.get(depth_metric("sequences", d), ev.sequences_at(d))) - ev.sequences_at(d))
+             for d in ev.depths}
+    return eval_flops(cfg, rc, shape, world, added=added)
 
 
 def model_vocab(cfg: TrialConfig) -> int | None:

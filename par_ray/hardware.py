@@ -150,11 +150,13 @@ reached 0.34–0.37 training and 0.38–0.42 evaluation, Ray's own processes tak
 evaluation figures are of the coarse test grid (6/12/24/48, batches of 256); the fine grid the local preset now
 evaluates (15 depths, batches of 128) measured 0.49 side by side in one run, where training measured 0.43–0.47: this
 VM's step rate moves ~±10 % between runs while its matmul peak moves ~5 %, so 0.42 stays (evaluation is ~10 % of a
-local trial: 0.42 vs 0.49 moves its planned wall ~2 %). ``train_compiled`` is the local sweeps' recipe
-(``presets.LOCAL_CURRICULUM``: d_train 16 on a length curriculum, compiled decoder layers, two trials side by side on
-the same VM): 0.65–0.72 measured by the main job's trials and 0.60–0.70 by the ablations sweep's (December 2026,
-docs/experiments.md §26), against the eager 0.38, which planned those trials at twice their time; on a slower Intel
-machine two 4,500-step trials reached 0.57 / 0.58 of this peak and took 2–3 % longer than planned (§33).
+local trial: 0.42 vs 0.49 moves its planned wall ~2 %); the ``main_results`` sweep's forward-only evaluations
+reached 0.37–0.53, counted with the test sequences they ran (docs/experiments.md §43). ``train_compiled`` is the
+local sweeps' recipe (``presets.LOCAL_CURRICULUM``: d_train 16 on a length curriculum, compiled decoder layers, two
+trials side by side on the same VM): 0.65–0.72 measured by the main job's trials and 0.60–0.70 by the ablations
+sweep's (December 2026, docs/experiments.md §26), against the eager 0.38, which planned those trials at twice their
+time; on a slower Intel machine two 4,500-step trials reached 0.57 / 0.58 of this peak and took 2–3 % longer than
+planned (§33).
 ``train_compiled_medium`` and ``eval_medium`` (``train.float32_matmul_precision='medium'`` with eager attention) are
 ``train_compiled`` and ``eval`` times what a 4,500-step trial reached under ``medium`` over float32 (training 0.444 /
 0.371 = 1.20, evaluation 1.241 / 1.168 = 1.06, on an AMD EPYC where ``medium`` ran other float32 kernels, §35); with

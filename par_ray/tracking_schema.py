@@ -17,7 +17,8 @@
   run ASHA stopped early ends FINISHED with :data:`TAG_STOPPED_EARLY`;
 - cost (issue "what a sweep costs"): the plan as child-run params ``cost.<field>`` (:func:`cost_param`, fields
   :data:`COST_FIELDS`, ``par_ray.cost.TrialCost.params``), what the trial used as metrics :data:`GPU_SECONDS_TRAIN`,
-  :data:`GPU_SECONDS_EVAL` and ``gpu_seconds_stage{i}`` (:func:`gpu_seconds_stage`); ``analysis.cost`` reads both.
+  :data:`GPU_SECONDS_EVAL` and ``gpu_seconds_stage{i}`` (:func:`gpu_seconds_stage`), and the FLOPs its evaluations
+  did, :data:`FLOPS_EVAL`; ``analysis.cost`` reads both.
 
 Metric names are parsed back with :func:`parse_metric`, or, column-wise in polars, with the regular expressions of
 :func:`depth_metric_pattern` and :func:`iteration_metric_pattern` (named groups, valid in Python's ``re`` and in
@@ -145,6 +146,10 @@ GPU_SECONDS_TRAIN = "gpu_seconds_train"
 """Metric: seconds of the training steps × the trial's devices (CPU workers count as devices), so far."""
 GPU_SECONDS_EVAL = "gpu_seconds_eval"
 """Metric: seconds of the evaluations × the trial's devices, so far."""
+FLOPS_EVAL = "flops_eval"
+"""Metric: FLOPs of the evaluations so far, all ranks together, as they ran: the test sequences adaptive sampling
+added near the crossing counted as evaluated (``par_ray.cost.eval_flops_done``), where the plan
+(``cost.planned_eval_flops``) counts its worst case. Absent from a run resumed from a checkpoint that predates it."""
 _GPU_SECONDS_STAGE = "gpu_seconds_stage"
 
 _RULE = r"_k(?P<halt_k>\d+)n(?P<halt_n>\d+)t(?P<halt_tau>\d[0-9.e-]*)"

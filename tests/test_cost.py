@@ -102,6 +102,8 @@ def test_evaluation_flops_match_the_counter_on_tiny_qwen2(name):
     assert sum(added.values()) >= 8
     planned = cost.eval_flops(cfg, cfg.recipe, cost.trial_shape(cfg), added=added)
     assert close(planned, counter.get_total_flops()), (name, planned, counter.get_total_flops())
+    # what the training loop logs as flops_eval reads the same sequences off the evaluation's metrics
+    assert cost.eval_flops_done(cfg, cfg.recipe, cost.trial_shape(cfg), m) == planned
     # the plan (no run to read): the worst case adaptive sampling allows, never less than what ran
     assert cost.eval_flops(cfg, cfg.recipe, cost.trial_shape(cfg)) >= counter.get_total_flops()
 
@@ -580,6 +582,16 @@ def test_plan_vs_actual_table_and_measured_mfu(tmp_path):
     table = plan_cost.plan_vs_actual(frame)
     row = table.frame.row(0, named=True)
     assert row["devices"] == "1 × CPU" and row["MFU train"] == f"{float(plan['cost.mfu_train']) / 2:.3f}"
+    # a run without flops_eval (it predates the metric): the evaluation MFU against the plan's FLOPs
+    peak, eval_planned = float(plan["cost.peak_flops"]), float(plan["cost.planned_eval_flops"])
+    assert row["MFU eval"] == f"{eval_planned / (60.0 * peak):.3f}"
+    # with it, against the FLOPs the evaluations did (the plan counts adaptive sampling's worst case)
+    did = trials.with_columns(pl.Series("flops_eval", [eval_planned / 2, None, None]))
+    did_frame = plan_cost.joined(did, planned)
+    assert plan_cost.plan_vs_actual(did_frame).frame.row(0, named=True)["MFU eval"] == \
+        f"{eval_planned / 2 / (60.0 * peak):.3f}"
+    assert plan_cost.measured_overrides(did_frame, "test")["devices"]["CPU"]["mfu_eval"] == \
+        pytest.approx(eval_planned / 2 / (60.0 * peak), rel=1e-5)
     assert (row["start-up: plan"], row["start-up: actual"]) == ("30 s", "40 s")  # 40 s of wall beside steps and eval
     overrides = plan_cost.measured_overrides(frame, "test")
     # params hold 6 significant digits (cost.planned_train_gpu_hours too): the MFU read back agrees to ~1e-6

@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from par_ray import cost
 from par_ray.config import EvalConfig, RecipeConfig, TaskConfig, TrainConfig, TrialConfig, to_flat, with_overrides
 from par_ray.train.checkpoint import evaluate_trained, load_trained
 from par_ray.train.loop import LockstepError, check_lockstep, resume_mismatch
@@ -186,6 +187,8 @@ def test_final_report_has_per_iteration_probe_and_checkpoint_holds_last_eval(tmp
     # device-seconds, the actual side of par_ray.cost's plan: one worker, one stage
     assert m["gpu_seconds_train"] == m["train_seconds"] == m["gpu_seconds_stage0"] > 0
     assert m["gpu_seconds_eval"] == m["eval_seconds_total"] > 0
+    # the FLOPs the two evaluations (steps 2 and 3) did: without adaptive sampling, exactly the plan's
+    assert m["flops_eval"] > 0 and m["flops_eval"] == pytest.approx(cost.trial_flops(tiny()).eval, rel=1e-12)
     extra = json.loads((tmp_path / "final" / "extra.json").read_text())
     assert extra["step"] == 3 and extra["last_eval"]["acc_d4"] == m["acc_d4"] and extra["last_eval"]["G"] == m["G"]
     assert extra["config"] == json.loads(json.dumps(to_flat(tiny())))

@@ -36,7 +36,7 @@ from par_ray.model.registry import BACKBONES
 from par_ray.recipes import apply_recipe
 from par_ray.train.checkpoint import trained_task
 from par_ray.train.cluster import ClusterTokenError, check_fits, check_outlives_job, joined, ray_address
-from par_ray.tracking_schema import depth_metric, g_metric
+from par_ray.tracking_schema import FLOPS_EVAL, depth_metric, g_metric
 from par_ray.trial import validate
 from par_ray.weights import resolve_pretrained
 
@@ -399,6 +399,7 @@ def _train(argv) -> int:
                    "d50": ex.d50, "G": ex.G, "G_censored": ex.censored, "d50_interp": ex.d50_interp,
                    "G_interp": ex.G_interp, **interval_result(ex), "chance": m["chance"],
                    "train_seconds": m["train_seconds"], "eval_seconds": m.get("eval_seconds_total"),
+                   "eval_flops": m.get(FLOPS_EVAL),  # the evaluations' FLOPs as they ran (par_ray.cost)
                    "wall_seconds": time.time() - t0,
                    # the last report's window: mean step time (s), tokens/s, peak memory (MB; CUDA: allocated)
                    **{k: m.get(k) for k in ("step_time_s", "tokens_per_s", "peak_memory_mb")},

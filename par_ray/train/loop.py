@@ -4,13 +4,14 @@
 single-process trainer (``python -m par_ray.train``) runs the *same* function through Ray Train's local mode
 (``ScalingConfig(num_workers=0)``), so there is exactly one loop (nanoGPT: "runs unchanged under python or torchrun").
 
-Per step: plan (d, R, s) from (seed, step), checked equal on every rank (:func:`check_lockstep`) → the rank's shard
-of the global batch → :func:`train_step` → a non-finite loss ends the trial at once
-(:class:`NonFiniteLossError`). Every ``report_every`` steps: metrics; every ``eval_every``: accuracy by depth, d50,
-G and the per-iteration probe (``loss_k{k}``, ``rms_k{k}``: :func:`probe_metrics`), under the training step's
-precision (:func:`eval_metrics`), timed (``eval_seconds``, and ``eval_seconds_total`` over the trial beside
-``train_seconds``); every ``checkpoint_every``: a checkpoint with the report. The last report always carries a
-checkpoint, so ``Result.metrics`` holds final metrics.
+Per step: plan (d, R, s) from (seed, step), checked equal on every rank (:func:`check_lockstep`) → the rank's shard of
+the global batch → :func:`train_step` → a non-finite loss ends the trial at once (:class:`NonFiniteLossError`). Every
+``report_every`` steps: metrics; every ``eval_every``: accuracy by depth, d50, G and the per-iteration probe
+(``loss_k{k}``, ``rms_k{k}``: :func:`probe_metrics`), under the training step's precision (:func:`eval_metrics`), timed
+(``eval_seconds``, and ``eval_seconds_total`` over the trial beside ``train_seconds``) and counted (``flops_eval``: the
+FLOPs they did, ``par_ray.cost.eval_flops_done``); every ``checkpoint_every``: a checkpoint with the report. The last
+report always carries a checkpoint (but in Ray Train's local mode, which keeps none), and ``Result.metrics`` holds the
+final metrics.
 A trial is a list of stages (``par_ray.stages``): global step → (stage, step in stage) is pure, so the stage's recipe,
 frozen parts and stretch ramp follow from the step alone, on a fresh run and on one resumed mid-stage.
 Marked ``# ray`` lines are the only Ray calls.
@@ -38,6 +39,7 @@ import ray.train.torch  # ray: get_device, on workers and in local mode alike
 import torch
 
 from par_ray.config import TrialConfig, to_flat
+from par_ray.cost import eval_flops_done, trial_shape
 from par_ray.cot import CotTask, cot_accuracy_by_depth, cot_tokens, trial_cot_tokens
 from par_ray.evaluation import (BEST_R_MULTIPLES, EvalProgress, accuracy_by_depth, extrapolation_from_counts,
                                 extrapolation_metrics, halt_max_iterations, halting_by_depth, halting_metrics,
@@ -48,8 +50,8 @@ from par_ray.weights import parent_tokenizer, resolved_backbone
 from par_ray.objectives import par_loss
 from par_ray.schedules import iterations_at, plan_step
 from par_ray.tasks import build_task
-from par_ray.tracking_schema import (GPU_SECONDS_EVAL, GPU_SECONDS_TRAIN, depth_metric, gpu_seconds_stage,
-                                     is_gpu_seconds_metric, iteration_metric)
+from par_ray.tracking_schema import (FLOPS_EVAL, GPU_SECONDS_EVAL, GPU_SECONDS_TRAIN, depth_metric,
+                                     gpu_seconds_stage, is_gpu_seconds_metric, iteration_metric)
 from par_ray.schedules import stretch_cap
 from par_ray.stages import frozen_parameters, stage_at
 from par_ray.train.checkpoint import export_model, read_extra
@@ -318,6 +320,9 @@ def train_loop_per_worker(loop_config: dict) -> None:
     flat = to_flat(cfg)
     acc_train = depth_metric("acc", cfg.task.train_depth)  # in the progress line
     start, train_seconds, eval_seconds, last_eval = 0, 0.0, 0.0, {}
+    # the evaluations' FLOPs as they ran (par_ray.cost.eval_flops_done): the actual side of the plan's evaluation
+    # FLOPs, which counts adaptive sampling at its worst case; None after resuming a checkpoint that predates it
+    eval_flops, shape = 0.0, trial_shape(cfg)
     stage_seconds = [0.0] * len(stages)  # training seconds per stage, carried across resumes
     checkpoint = ray.train.get_checkpoint()  # ray
     if checkpoint is not None:
@@ -330,6 +335,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
             extra = engine.load(d)
         start, train_seconds, last_eval = extra["step"], extra["train_seconds"], extra.get("last_eval", {})
         eval_seconds = extra.get("eval_seconds_total", 0.0)  # absent in checkpoints that predate it
+        eval_flops = extra.get("eval_flops_total")
         stage_seconds = extra.get("stage_seconds", stage_seconds)
         log(f"resumed from step {start}")
 
@@ -369,6 +375,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
         if done % tc.eval_every == 0 or is_last:
             last_eval = eval_metrics(engine, task, cfg, stage.recipe, halt, vocab, cot, say=log)
             eval_seconds += last_eval["eval_seconds"]
+            if eval_flops is not None:
+                eval_flops += eval_flops_done(cfg, stage.recipe, shape, last_eval, world.size)
         want_ckpt = checkpoints and (is_last or (tc.checkpoint_every and done % tc.checkpoint_every == 0))
         if done % tc.report_every == 0 or is_last or want_ckpt:
             n = max(window["n"], 1)
@@ -395,6 +403,7 @@ def train_loop_per_worker(loop_config: dict) -> None:
                 "train_seconds": train_seconds,
                 "eval_seconds_total": eval_seconds,
                 **gpu_seconds(train_seconds, eval_seconds, stage_seconds, world.size),
+                **({FLOPS_EVAL: eval_flops} if eval_flops is not None else {}),
                 "stage": stage.index,
                 **halt_train,
                 **last_eval,
@@ -406,7 +415,8 @@ def train_loop_per_worker(loop_config: dict) -> None:
             window = {"loss": 0.0, "seconds": 0.0, "tokens": 0, "n": 0}
             if want_ckpt or is_last:
                 extra = {"step": done, "train_seconds": train_seconds, "eval_seconds_total": eval_seconds,
-                         "stage_seconds": stage_seconds, "last_eval": last_eval, "config": flat, "report": metrics}
+                         "eval_flops_total": eval_flops, "stage_seconds": stage_seconds, "last_eval": last_eval,
+                         "config": flat, "report": metrics}
             if want_ckpt:
                 _report_with_checkpoint(engine, metrics, extra)
             else:
