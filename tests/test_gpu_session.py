@@ -133,6 +133,10 @@ def test_a_trial_without_its_result_or_export_fails_its_part(tmp_path):
     (tmp_path / "result.json").write_text(json.dumps({"step_time_s": 0.1, "tokens_per_s": 10.0}))
     with pytest.raises(session.PartFailed, match="no export"):
         session._measure_trial(s, tmp_path, "", None)
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(session.PartFailed, match="no evaluation FLOPs"):  # a trial that never evaluated
+        session._measure_trial(s, tmp_path, "", None)
 
 
 def test_a_part_over_its_time_limit_is_stopped(tmp_path):
@@ -171,6 +175,8 @@ def test_dry_session_runs_the_cli_trial_through_the_session(tmp_path):
     trial = part["result"]["trial"]
     assert trial["steps_per_s"] > 0 and trial["tokens_per_s"] > 0 and trial["planned_bytes"] > 0
     assert trial["export_bytes"] > 0 and trial["eval_seconds"] > 0 and 0 < trial["eval_share"] < 1
+    # the evaluation's FLOPs as it ran, at most the plan's worst case for adaptive sampling
+    assert 0 < trial["eval_flops"] <= trial["eval_flops_planned"] and trial["eval_flops_per_s_model"] > 0
     assert [w["step"] for w in trial["windows"]] == [4, 8, 12]
     log = (tmp_path / "session.log").read_text()
     assert "accuracy by depth" in log
