@@ -17,7 +17,7 @@ G (``G``, ``G_halt``, ``G_best`` in MLflow; ``analysis.aggregate.STOPPINGS``).
 Both presets evaluate every rule of :data:`PAPER_RULES` (the paper's, looser and stricter k of n, τ 0.3 and 0.7).
 Presets: ``paper`` — Qwen2.5-0.5B, both arms as the paper trains them × 3 seeds (6 trials). ``local`` — the same two
 arms × 3 seeds on tiny-qwen2 with experiment 9's recipe (:data:`LOCAL_RECIPE`, the one that learns swap_s5 at this
-scale), 2,400 steps — 6 trials, 78 minutes on 2 cores (docs/experiments.md §17).
+scale), 2,400 steps — 6 trials, 93 minutes on 2 cores (docs/experiments.md §44).
 
     python sweeps/halting.py                               # local: 6 trials
     python sweeps/halting.py --dry-run --preset paper      # the trial plan with the planner's memory per GPU
