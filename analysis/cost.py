@@ -10,8 +10,8 @@ the start-up (wall time outside the steps and evaluations), written as ``cost_ov
 ``--prices`` reads (``par_ray.hardware.load_table``), so the next plan uses the MFU and start-up this sweep measured.
 The FLOPs are the plan's for training (the expectation over the step's draws) and, for evaluation, those the evaluations
 did (``flops_eval``, ``par_ray.cost.eval_flops_done``; the plan's where a run predates it): the plan counts the test
-sequences adaptive sampling may add at their worst case, about twice what a run adds, and an MFU measured against it
-would read about twice too high (above 1 in local sweeps).
+sequences adaptive sampling may add at their worst case, 1.7–2.2 × the evaluation FLOPs the ``main_results`` sweep's
+trials did, and an MFU measured against it read as much too high (above 1; docs/experiments.md §43).
 """
 
 from __future__ import annotations
