@@ -74,10 +74,12 @@ TIMING_METRICS = frozenset({"step_time_s", "tokens_per_s", "peak_memory_mb", "tr
 
 
 def is_timing_metric(name: str) -> bool:
-    """Whether reported metric ``name`` measures the machine, not the model (:data:`TIMING_METRICS` and the
-    device-seconds, ``par_ray.tracking_schema.is_gpu_seconds_metric``): it differs between runs of the same trial
-    (world size, load), so parity tests compare every other metric."""
-    return name in TIMING_METRICS or is_gpu_seconds_metric(name)
+    """Whether reported metric ``name`` measures the machine or the work done, not the model (:data:`TIMING_METRICS`,
+    the device-seconds, ``par_ray.tracking_schema.is_gpu_seconds_metric``, and the evaluations' FLOPs,
+    :data:`~par_ray.tracking_schema.FLOPS_EVAL`, which count the evaluations run, ``train.eval_every``): it differs
+    between runs of the same trial (world size, load) or with the evaluation schedule, so parity tests compare every
+    other metric."""
+    return name in TIMING_METRICS or name == FLOPS_EVAL or is_gpu_seconds_metric(name)
 
 
 class NonFiniteLossError(FloatingPointError):
