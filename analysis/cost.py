@@ -103,7 +103,8 @@ def plan_vs_actual(frame: pl.DataFrame) -> Table | None:
     totals = frame.select(pl.col("planned_wall_hours", "actual_wall_hours").sum())
     note = (f"Device-hours: training steps and evaluations as the loop measured them × the trial's devices "
             f"(metrics gpu_seconds_train, gpu_seconds_eval); wall: the MLflow run's start to end (Ray start-up, "
-            f"checkpoints and reports included); start-up: the wall time outside the steps and evaluations. Plan: "
+            f"checkpoints and reports included); wall error: (plan − actual) ÷ actual, positive where the plan was "
+            f"longer; start-up: the wall time outside the steps and evaluations. Plan: "
             f"par_ray.cost at the MFU and start-up in the run's params (cost.mfu_train, cost.mfu_eval, "
             f"cost.planned_startup_hours); measured MFU = FLOPs ÷ (actual device-seconds × peak): training's as "
             f"planned, evaluation's as the run did them (metric {FLOPS_EVAL}; the plan counts the test sequences "
